@@ -1,0 +1,1 @@
+//! CNI spec types (filled in by the plugin work).

@@ -1,0 +1,1 @@
+//! Traffic shaper daemon: arrives with the datapath issue; nothing here yet.
