@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building, testing and demoing aliasnet needs on a fresh Debian 12 machine, and
+# mounts bpffs. Idempotent; safe to run on every test run.
+set -euo pipefail
+
+pkgs=(
+  clang-19 llvm-19 libbpf-dev bpftool         # eBPF programs (C, built by ebpf/build.rs)
+  iproute2 util-linux procps                    # ip, nsenter, sysctl for the netns test fabric
+  iputils-ping tcpdump iperf3 ethtool jq        # traffic checks and captures in tests
+  containernetworking-plugins                   # reference ptp/host-local/bandwidth for benchmarks
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 \
+    --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Pinned eBPF objects live under /sys/fs/bpf/aliasnet; a fresh machine has no bpffs mounted.
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf

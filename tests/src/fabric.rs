@@ -1,0 +1,317 @@
+//! The simulated VNet: a router namespace, node namespaces each running its own
+//! `aliasnet-ipamd`, pod namespaces wired by the real `aliasnet` binary, and an "internet"
+//! namespace holding TEST-NET addresses.
+
+use std::{net::Ipv4Addr, path::PathBuf, process::Command};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::{
+    cni::{self, Invocation, Outcome},
+    ipamd::{Ipamd, IpamdPaths},
+    netns::Netns,
+    unique_tag,
+};
+
+/// The internet host's addresses (TEST-NET-3 and TEST-NET-2).
+pub const INTERNET_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+pub const INTERNET_IP2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// MTU of the VNet links (nodes' uplinks). Cloud VNets run jumbo frames or 1500; using 9000
+/// makes "pod MTU = uplink MTU" observable.
+pub const VNET_MTU: u32 = 9000;
+
+/// Shape of a fabric.
+#[derive(Debug, Clone)]
+pub struct FabricOpts {
+    pub nodes: usize,
+    /// ipamd `cooldown` for every node.
+    pub cooldown: String,
+    /// Per-node pool body override; default `cidrs = ["10.240.<i>.0/24"]`.
+    pub pool: Option<String>,
+    /// Start the daemons.
+    pub start_ipamd: bool,
+    /// Extra keys merged into the plugin's conflist entry.
+    pub plugin_extra: Value,
+    pub cni_version: String,
+}
+
+impl Default for FabricOpts {
+    fn default() -> Self {
+        Self {
+            nodes: 2,
+            cooldown: "0s".into(),
+            pool: None,
+            start_ipamd: true,
+            plugin_extra: json!({}),
+            cni_version: "1.0.0".into(),
+        }
+    }
+}
+
+pub struct Fabric {
+    pub tag: String,
+    // Field order is drop order: nodes (and their daemons) go before the router.
+    pub nodes: Vec<Node>,
+    pub internet: Netns,
+    pub vnet: Netns,
+    _scratch: tempfile::TempDir,
+}
+
+pub struct Node {
+    pub index: usize,
+    pub ns: Netns,
+    pub dir: PathBuf,
+    pub ipamd_paths: IpamdPaths,
+    pub ipamd: Option<Ipamd>,
+    pub uplink_ip: Ipv4Addr,
+    pub conflist: Value,
+    tag: String,
+}
+
+pub struct Pod {
+    pub ns: Netns,
+    pub name: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub ip: Ipv4Addr,
+    pub result: Value,
+}
+
+impl Fabric {
+    pub fn new(opts: FabricOpts) -> Result<Self> {
+        let tag = unique_tag();
+        let scratch = tempfile::Builder::new()
+            .prefix("aliasnet-fabric-")
+            .tempdir()
+            .context("scratch dir")?;
+        let vnet = Netns::new(&format!("an{tag}-vnet"))?;
+        vnet.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        let internet = Netns::new(&format!("an{tag}-inet"))?;
+
+        // The internet: 203.0.113.0/24 link, 198.51.100.10 behind it.
+        vnet.ip(&[
+            "link", "add", "inet", "type", "veth", "peer", "name", "eth0", "netns",
+            &internet.name,
+        ])?;
+        vnet.ip(&["addr", "add", "203.0.113.1/24", "dev", "inet"])?;
+        vnet.ip(&["link", "set", "inet", "up"])?;
+        internet.ip(&["addr", "add", "203.0.113.10/24", "dev", "eth0"])?;
+        internet.ip(&["addr", "add", "198.51.100.10/32", "dev", "lo"])?;
+        internet.ip(&["link", "set", "eth0", "up"])?;
+        internet.ip(&["route", "add", "default", "via", "203.0.113.1"])?;
+        vnet.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.10"])?;
+
+        let mut nodes = Vec::new();
+        for i in 1..=opts.nodes {
+            nodes.push(Node::new(&tag, i, &vnet, scratch.path(), &opts)?);
+        }
+        Ok(Self {
+            tag,
+            nodes,
+            internet,
+            vnet,
+            _scratch: scratch,
+        })
+    }
+
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i - 1]
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut Node {
+        &mut self.nodes[i - 1]
+    }
+}
+
+impl Node {
+    fn new(tag: &str, i: usize, vnet: &Netns, scratch: &std::path::Path, o: &FabricOpts) -> Result<Self> {
+        let ns = Netns::new(&format!("an{tag}-node{i}"))?;
+        let vnet_if = format!("n{i}");
+        let mtu = VNET_MTU.to_string();
+        vnet.ip(&[
+            "link", "add", &vnet_if, "mtu", &mtu, "type", "veth", "peer", "name", "eth0",
+            "mtu", &mtu, "netns", &ns.name,
+        ])?;
+        vnet.ip(&["addr", "add", &format!("10.100.{i}.1/24"), "dev", &vnet_if])?;
+        vnet.ip(&["link", "set", &vnet_if, "up"])?;
+        ns.ip(&["addr", "add", &format!("10.100.{i}.2/24"), "dev", "eth0"])?;
+        ns.ip(&["link", "set", "eth0", "up"])?;
+        ns.ip(&["route", "add", "default", "via", &format!("10.100.{i}.1")])?;
+        // The fabric routes the node's alias range to the node, as a cloud VNet does.
+        vnet.ip(&[
+            "route",
+            "add",
+            &format!("10.240.{i}.0/24"),
+            "via",
+            &format!("10.100.{i}.2"),
+        ])?;
+
+        let dir = scratch.join(format!("node{i}"));
+        std::fs::create_dir_all(&dir)?;
+        let ipamd_paths = IpamdPaths::under(&dir);
+        let pool = o
+            .pool
+            .clone()
+            .unwrap_or_else(|| format!("cidrs = [\"10.240.{i}.0/24\"]"));
+        ipamd_paths.write_config(&pool, &o.cooldown)?;
+        let mut plugin = json!({
+            "type": "aliasnet",
+            "ipamSocket": ipamd_paths.socket,
+            "spoolDir": ipamd_paths.spool_dir,
+            "logFile": dir.join("cni.log"),
+            "logLevel": "debug",
+        });
+        if let (Some(p), Some(extra)) = (plugin.as_object_mut(), o.plugin_extra.as_object()) {
+            for (k, v) in extra {
+                p.insert(k.clone(), v.clone());
+            }
+        }
+        let conflist = json!({
+            "cniVersion": o.cni_version,
+            "name": "aliasnet",
+            "plugins": [plugin],
+        });
+        let mut node = Self {
+            index: i,
+            ns,
+            dir,
+            ipamd_paths,
+            ipamd: None,
+            uplink_ip: Ipv4Addr::new(10, 100, i as u8, 2),
+            conflist,
+            tag: tag.to_owned(),
+        };
+        if o.start_ipamd {
+            node.start_ipamd()?;
+        }
+        Ok(node)
+    }
+
+    pub fn start_ipamd(&mut self) -> Result<()> {
+        self.ipamd = Some(Ipamd::start(&self.ns, self.ipamd_paths.clone())?);
+        Ok(())
+    }
+
+    pub fn ipamd(&self) -> &Ipamd {
+        self.ipamd.as_ref().expect("ipamd running")
+    }
+
+    /// The config the plugin gets (single-plugin conflist).
+    pub fn plugin_config(&self, prev: Option<&Value>, runtime_config: Option<&Value>) -> Value {
+        cni::plugin_config(&self.conflist, 0, prev, runtime_config)
+    }
+
+    /// Run the real `aliasnet` binary inside this node's netns (nsenter keeps bpffs visible).
+    pub fn cni(&self, inv: &Invocation, config: &Value) -> Outcome {
+        let stdin = serde_json::to_vec(config).expect("config serialises");
+        self.cni_raw(inv, &stdin)
+    }
+
+    pub fn cni_raw(&self, inv: &Invocation, stdin: &[u8]) -> Outcome {
+        let mut runner = Command::new("nsenter");
+        runner.arg(format!("--net={}", self.ns.path().display())).arg("--");
+        cni::invoke(Some(runner), &crate::bin("aliasnet"), inv, stdin).expect("run plugin")
+    }
+
+    /// kubelet-style `CNI_ARGS` for a pod, in a scrambled order as containerd sends them.
+    pub fn k8s_args(pod: &str, cid: &str) -> String {
+        format!(
+            "K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid};IgnoreUnknown=1;K8S_POD_UID=uid-{pod};K8S_POD_NAMESPACE=test"
+        )
+    }
+
+    /// Create a pod netns and ADD it.
+    pub fn add_pod(&self, name: &str) -> Result<Pod> {
+        let ns = Netns::new(&format!("an{}-n{}-{name}", self.tag, self.index))?;
+        let cid = format!("cid-{}-{name}", self.tag);
+        let inv = Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
+            .args(&Self::k8s_args(name, &cid));
+        let out = self.cni(&inv, &self.plugin_config(None, None));
+        let result = out.expect_ok(&format!("ADD {name}")).context("ADD printed nothing")?;
+        let ip: Ipv4Addr = result["ips"][0]["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("no ips[0].address in {result}"))?;
+        Ok(Pod {
+            ns,
+            name: name.to_owned(),
+            container_id: cid,
+            ifname: "eth0".into(),
+            ip,
+            result,
+        })
+    }
+
+    /// DEL a pod the way a runtime does after a normal stop (netns present, prevResult).
+    pub fn del_pod(&self, pod: &Pod) -> Outcome {
+        let inv = Invocation::new("DEL", &pod.container_id, Some(&pod.ns.path()), &pod.ifname)
+            .args(&Self::k8s_args(&pod.name, &pod.container_id));
+        self.cni(&inv, &self.plugin_config(Some(&pod.result), None))
+    }
+
+    /// CHECK a pod.
+    pub fn check_pod(&self, pod: &Pod) -> Outcome {
+        let inv = Invocation::new("CHECK", &pod.container_id, Some(&pod.ns.path()), &pod.ifname)
+            .args(&Self::k8s_args(&pod.name, &pod.container_id));
+        self.cni(&inv, &self.plugin_config(Some(&pod.result), None))
+    }
+
+    /// Host-side veths of ours (`ali*`) currently in the node.
+    pub fn host_veths(&self) -> Vec<String> {
+        self.ns
+            .link_names()
+            .expect("list links")
+            .into_iter()
+            .filter(|n| n.starts_with("ali"))
+            .collect()
+    }
+
+    /// /32 host routes to pod addresses (routes through our veths).
+    pub fn pod_routes(&self) -> Vec<String> {
+        self.ns
+            .routes()
+            .expect("list routes")
+            .into_iter()
+            .filter(|r| r["dev"].as_str().is_some_and(|d| d.starts_with("ali")))
+            .map(|r| r["dst"].as_str().unwrap_or("?").to_owned())
+            .collect()
+    }
+
+    /// Wait (bounded) until the node holds no veth, route or lease of ours: host veths are
+    /// deleted asynchronously by the daemon after DEL replies.
+    #[track_caller]
+    pub fn assert_clean(&self) {
+        let start = std::time::Instant::now();
+        loop {
+            let veths = self.host_veths();
+            let routes = self.pod_routes();
+            let leases = self.ipamd.as_ref().map(|d| d.leases()).unwrap_or_default();
+            if veths.is_empty() && routes.is_empty() && leases.is_empty() {
+                return;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(5) {
+                panic!(
+                    "node{} not clean: veths={veths:?} routes={routes:?} leases={leases:?}",
+                    self.index
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Pod {
+    /// `ping -c COUNT [extra] DST` from inside the pod; true when every probe was answered.
+    pub fn ping(&self, dst: Ipv4Addr, extra: &[&str]) -> bool {
+        let dst = dst.to_string();
+        let mut args = vec!["-c", "2", "-i", "0.05", "-W", "2", "-q"];
+        args.extend_from_slice(extra);
+        args.push(&dst);
+        self.ns
+            .exec_status("ping", &args)
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+}

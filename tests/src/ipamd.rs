@@ -1,0 +1,169 @@
+//! An `aliasnet-ipamd` process running inside a node's netns.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use aliasnet_ipam_proto::{Client, Lease, Request, Response};
+use anyhow::{bail, Context, Result};
+use nix::{sys::signal, unistd::Pid};
+
+use crate::netns::Netns;
+
+/// Paths of one daemon instance; all under the node's scratch directory.
+#[derive(Debug, Clone)]
+pub struct IpamdPaths {
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub spool_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl IpamdPaths {
+    pub fn under(dir: &Path) -> Self {
+        Self {
+            config: dir.join("ipamd.toml"),
+            socket: dir.join("ipamd.sock"),
+            state_dir: dir.join("ipam-state"),
+            spool_dir: dir.join("spool"),
+            log: dir.join("ipamd.log"),
+        }
+    }
+
+    /// Write a config with one static pool described by `pool_body` (TOML lines inside
+    /// `[[pool]]`, e.g. `cidrs = ["10.240.1.0/24"]`).
+    pub fn write_config(&self, pool_body: &str, cooldown: &str) -> Result<()> {
+        let cfg = format!(
+            r#"socket = "{}"
+state_dir = "{}"
+spool_dir = "{}"
+cooldown = "{cooldown}"
+host_veth_prefix = "ali"
+log_level = "debug"
+
+[[pool]]
+name = "secondary"
+source = "static"
+{pool_body}
+"#,
+            self.socket.display(),
+            self.state_dir.display(),
+            self.spool_dir.display(),
+        );
+        fs::write(&self.config, cfg).context("writing ipamd config")
+    }
+}
+
+/// A running daemon; stopped (SIGTERM, then SIGKILL) on drop.
+pub struct Ipamd {
+    pub paths: IpamdPaths,
+    child: Option<Child>,
+}
+
+impl Ipamd {
+    /// Start the daemon in `ns` and wait until its socket answers.
+    pub fn start(ns: &Netns, paths: IpamdPaths) -> Result<Self> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&paths.log)?;
+        let child = ns
+            .command(crate::bin("aliasnet-ipamd"))
+            .arg("--config")
+            .arg(&paths.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawning aliasnet-ipamd")?;
+        let mut me = Self {
+            paths,
+            child: Some(child),
+        };
+        me.wait_ready(Duration::from_secs(20))?;
+        Ok(me)
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Ok(mut c) = Client::connect(&self.paths.socket, Duration::from_secs(2)) {
+                if c.call(&Request::Stats).is_ok() {
+                    return Ok(());
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Some(st) = child.try_wait()? {
+                    bail!(
+                        "aliasnet-ipamd exited during start ({st}); log:\n{}",
+                        fs::read_to_string(&self.paths.log).unwrap_or_default()
+                    );
+                }
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "aliasnet-ipamd not ready after {timeout:?}; log:\n{}",
+                    fs::read_to_string(&self.paths.log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL the daemon (crash simulation).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            signal::kill(Pid::from_raw(c.id() as i32), signal::Signal::SIGTERM)?;
+            let start = Instant::now();
+            while c.try_wait()?.is_none() {
+                if start.elapsed() > Duration::from_secs(10) {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    bail!("aliasnet-ipamd ignored SIGTERM for 10 s");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.paths.socket, Duration::from_secs(5)).expect("connect to ipamd")
+    }
+
+    /// Every lease the daemon holds.
+    pub fn leases(&self) -> Vec<Lease> {
+        match self.client().call(&Request::List).expect("list leases") {
+            Response::Leases { leases } => leases,
+            other => panic!("unexpected reply to List: {other:?}"),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.paths.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Ipamd {
+    fn drop(&mut self) {
+        if self.stop().is_err() {
+            self.kill9();
+        }
+    }
+}
