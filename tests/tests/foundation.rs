@@ -558,3 +558,30 @@ fn runtime_quirks_are_accepted() {
     n.cni(&inv, &conf).expect_ok("DEL");
     n.assert_clean();
 }
+
+#[test]
+fn pod_routes_restrict_what_a_pod_can_reach() {
+    if !require_root() {
+        return;
+    }
+    // A pod allowed only the VNet (10/8): other pods yes, the internet no.
+    let f = Fabric::new(FabricOpts {
+        nodes: 2,
+        plugin_extra: json!({"podRoutes": ["10.0.0.0/8"]}),
+        ..Default::default()
+    })
+    .unwrap();
+    let a = f.node(1).add_pod("vnet-only").unwrap();
+    let b = f.node(2).add_pod("peer").unwrap();
+    assert_eq!(a.result["routes"], json!([{"dst": "10.0.0.0/8", "gw": "169.254.1.1"}]));
+    assert!(a.ping(b.ip, &[]), "VNet peer reachable");
+    assert!(!a.ping(INTERNET_IP, &[]), "no route to the internet");
+    f.node(1).check_pod(&a).expect_ok("CHECK with podRoutes");
+    a.ns.ip(&["route", "del", "10.0.0.0/8"]).unwrap();
+    let out = f.node(1).check_pod(&a);
+    assert!(out.error_msg().contains("10.0.0.0/8"), "{}", out.error_msg());
+    f.node(1).del_pod(&a).expect_ok("DEL");
+    f.node(2).del_pod(&b).expect_ok("DEL");
+    f.node(1).assert_clean();
+    f.node(2).assert_clean();
+}

@@ -1,0 +1,115 @@
+//! DEL: best effort and idempotent. Needs neither the netns nor `prevResult`: the host veth
+//! name and the IPAM key both derive from (network, container id, ifname). Deleting the host
+//! veth removes its peer in the pod and the host /32 route with it.
+//!
+//! * `asyncTeardown` (default): one daemon round trip, `Release` with `teardown_link`; the
+//!   daemon deletes the veth after replying, so the kernel's ~20 ms of RCU waits in veth
+//!   unregistration stay off the runtime's critical path.
+//! * Daemon unreachable: delete the veth here and spool the release on disk; success.
+//! * `asyncTeardown: false`: delete the veth here, then `Release`.
+
+use aliasnet_cni_types::{code, CniError, DelEnv, NetConf};
+use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, ClientError, Request, Response};
+use anyhow::Result;
+
+use crate::{
+    ipam,
+    nl::{nl_err, Nl},
+};
+
+pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
+    let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
+    let veth = host_veth_name(&conf.host_veth_prefix, &key);
+    if conf.async_teardown {
+        let req = Request::Release {
+            key: key.clone(),
+            teardown_link: Some(veth.clone()),
+        };
+        match ipam::call(conf, &req) {
+            Ok(resp) => released(&key, resp),
+            Err(e) if ipam::is_down(&e) => daemon_down(conf, &key, &veth, &e),
+            Err(e) => {
+                // The daemon is up but refused: still take the pod off the network, then
+                // report so the runtime retries the release.
+                let _ = delete_veth(&veth);
+                Err(ipam::to_cni(&e).into())
+            }
+        }
+    } else {
+        delete_veth(&veth)?;
+        let req = Request::Release {
+            key: key.clone(),
+            teardown_link: None,
+        };
+        match ipam::call(conf, &req) {
+            Ok(resp) => released(&key, resp),
+            Err(e) if ipam::is_down(&e) => spool(conf, &key, None, &e),
+            Err(e) => Err(ipam::to_cni(&e).into()),
+        }
+    }
+}
+
+fn released(key: &AttachmentKey, resp: Response) -> Result<()> {
+    match resp {
+        Response::Released { address } => {
+            match address {
+                Some(a) => tracing::info!(%key, %a, "released"),
+                None => tracing::info!(%key, "nothing held; DEL is a no-op"),
+            }
+            Ok(())
+        }
+        other => Err(ipam::unexpected("RELEASE", &other).into()),
+    }
+}
+
+/// Tear down the host side here and leave a durable release record.
+fn daemon_down(conf: &NetConf, key: &AttachmentKey, veth: &str, why: &ClientError) -> Result<()> {
+    // If we cannot delete it, the daemon retries from the spool entry.
+    let leftover = match delete_veth(veth) {
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!("{e}; leaving it to aliasnet-ipamd");
+            Some(veth.to_owned())
+        }
+    };
+    spool(conf, key, leftover, why)
+}
+
+fn spool(
+    conf: &NetConf,
+    key: &AttachmentKey,
+    veth: Option<String>,
+    why: &ClientError,
+) -> Result<()> {
+    match ipam::spool_release(conf, key, veth) {
+        Ok(path) => {
+            tracing::warn!(
+                %key,
+                spool = %path.display(),
+                "aliasnet-ipamd unreachable ({}); release spooled",
+                ipam::error_chain(why)
+            );
+            Ok(())
+        }
+        Err(e) => Err(CniError::new(
+            code::IO,
+            format!(
+                "aliasnet-ipamd unreachable ({}) and the release could not be spooled: {}",
+                ipam::error_chain(why),
+                ipam::error_chain(&e)
+            ),
+        )
+        .into()),
+    }
+}
+
+/// Delete the host veth synchronously; returns whether it existed.
+fn delete_veth(name: &str) -> Result<bool, CniError> {
+    let rt = crate::runtime().map_err(|e| CniError::new(code::INTERNAL, format!("{e:#}")))?;
+    rt.block_on(async {
+        let host = Nl::connect()?;
+        host.del_link_by_name(name)
+            .await
+            .map_err(|e| nl_err(format!("host: delete {name}"), e))
+    })
+}

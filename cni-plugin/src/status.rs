@@ -1,0 +1,32 @@
+//! STATUS: success when an ADD would get an address now; code 50 otherwise.
+
+use aliasnet_cni_types::{code, CniError, NetConf};
+use aliasnet_ipam_proto::{ClientError, Request, Response};
+use anyhow::Result;
+
+use crate::ipam;
+
+pub fn run(conf: &NetConf) -> Result<()> {
+    let req = Request::Status {
+        pool: conf.pool.clone(),
+    };
+    let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg).into();
+    match ipam::call(conf, &req) {
+        Ok(Response::Status { ready: true, .. }) => Ok(()),
+        Ok(Response::Status { free, reason, .. }) => Err(unavailable(format!(
+            "aliasnet-ipamd cannot allocate: {} ({free} free)",
+            reason.unwrap_or_else(|| "no free address".into())
+        ))),
+        Ok(other) => Err(ipam::unexpected("STATUS", &other).into()),
+        Err(e @ (ClientError::Unavailable { .. } | ClientError::Timeout { .. })) => {
+            Err(unavailable(format!(
+                "aliasnet-ipamd unreachable: {}",
+                ipam::error_chain(&e)
+            )))
+        }
+        Err(e) => Err(unavailable(format!(
+            "aliasnet-ipamd not ready: {}",
+            ipam::error_chain(&e)
+        ))),
+    }
+}

@@ -1,0 +1,534 @@
+//! The network configuration on stdin: the CNI envelope (`cniVersion`, `name`, `type`,
+//! `capabilities`, `runtimeConfig`, `args`, `prevResult`, `cni.dev/*`) plus aliasnet's keys.
+//!
+//! aliasnet keys (all optional):
+//!
+//! | Key | Type | Default | Meaning |
+//! |-----|------|---------|---------|
+//! | `ipamSocket` | absolute path | `/run/aliasnet/ipamd.sock` | `aliasnet-ipamd` socket |
+//! | `spoolDir` | absolute path | `/var/lib/aliasnet/spool` | where DEL records releases while the daemon is down |
+//! | `pool` | string or null | null (any pool) | allocate only from this pool |
+//! | `mtu` | 68..=65535 or null | null (MTU of the default route's interface) | MTU of both veth ends |
+//! | `hostVethPrefix` | 1-8 of `[A-Za-z0-9_-]` | `ali` | host veth name prefix |
+//! | `logFile` | absolute path or null | null (warnings to stderr only) | tracing log file |
+//! | `logLevel` | error, warn, info, debug, trace | `info` | level for `logFile` |
+//! | `asyncTeardown` | bool | true | DEL lets the daemon delete the host veth after replying |
+//! | `timeoutMs` | 1..=300000 | 5000 | per-call timeout talking to the daemon |
+//! | `dns` | CNI DNS object | none | copied into the ADD result |
+//! | `podRoutes` | IPv4 CIDRs | `["0.0.0.0/0"]` | destinations the pod routes via the gateway (e.g. only the VNet) |
+//!
+//! Unknown keys are tolerated. A value of the wrong type or out of range is a code-7 error
+//! naming the key.
+
+use std::{path::PathBuf, time::Duration};
+
+use serde_json::{Map, Value};
+
+use crate::{CniError, CniVersion, Dns, RuntimeConfig};
+
+pub const DEFAULT_MTU_MIN: u32 = 68;
+pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
+
+/// Log verbosity for `logFile`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+/// One entry of `cni.dev/valid-attachments` (GC).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GcAttachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// A decoded config whose `cniVersion` is known, before the other fields are checked. Split
+/// out so an error in a later field can still be reported in the config's version.
+#[derive(Debug, Clone)]
+pub struct RawConf {
+    pub version: CniVersion,
+    obj: Map<String, Value>,
+}
+
+impl RawConf {
+    /// JSON decode (code 6) and `cniVersion` (code 7 if missing, 1 if unsupported).
+    pub fn decode(bytes: &[u8]) -> Result<Self, CniError> {
+        let v: Value = serde_json::from_slice(bytes)
+            .map_err(|e| CniError::decode(format!("cannot decode network config: {e}")))?;
+        let Value::Object(obj) = v else {
+            return Err(CniError::decode("network config must be a JSON object"));
+        };
+        let version = match obj.get("cniVersion") {
+            Some(Value::String(s)) => CniVersion::parse(s)?,
+            None | Some(Value::Null) => {
+                return Err(CniError::config("cniVersion", "missing"));
+            }
+            Some(_) => return Err(CniError::config("cniVersion", "must be a string")),
+        };
+        Ok(Self { version, obj })
+    }
+
+    /// The raw JSON object.
+    pub fn object(&self) -> &Map<String, Value> {
+        &self.obj
+    }
+}
+
+/// The validated configuration of one aliasnet plugin invocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetConf {
+    pub cni_version: CniVersion,
+    pub name: String,
+    pub plugin_type: String,
+    pub ipam_socket: PathBuf,
+    pub spool_dir: PathBuf,
+    pub pool: Option<String>,
+    pub mtu: Option<u32>,
+    pub host_veth_prefix: String,
+    pub log_file: Option<PathBuf>,
+    pub log_level: LogLevel,
+    pub async_teardown: bool,
+    pub timeout: Duration,
+    pub dns: Option<Dns>,
+    /// Destinations routed via the link-local gateway inside the pod (network addresses).
+    pub pod_routes: Vec<(std::net::Ipv4Addr, u8)>,
+    pub capabilities: Map<String, Value>,
+    pub runtime_config: RuntimeConfig,
+    /// `args` (CNI conventions), kept verbatim.
+    pub args: Option<Map<String, Value>>,
+    /// `prevResult`, verbatim: parse with [`crate::CniResult::from_prev_result`] when needed,
+    /// so DEL never fails on a broken one.
+    pub prev_result: Option<Value>,
+    /// `cni.dev/valid-attachments`, or the older `cni.dev/attachments`.
+    pub valid_attachments: Option<Vec<GcAttachment>>,
+}
+
+impl NetConf {
+    /// Decode and validate in one step.
+    pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
+        RawConf::decode(bytes)?.validate()
+    }
+}
+
+impl RawConf {
+    /// Check every field.
+    pub fn validate(self) -> Result<NetConf, CniError> {
+        let f = Fields(&self.obj);
+        let name = f.req_str("name")?.to_owned();
+        crate::validate_network_name(&name).map_err(|e| CniError::config("name", e))?;
+        let plugin_type = f.req_str("type")?.to_owned();
+
+        let ipam_socket = f
+            .opt_abs_path("ipamSocket")?
+            .unwrap_or_else(|| PathBuf::from("/run/aliasnet/ipamd.sock"));
+        let spool_dir = f
+            .opt_abs_path("spoolDir")?
+            .unwrap_or_else(|| PathBuf::from("/var/lib/aliasnet/spool"));
+        let pool = match f.opt_str("pool")? {
+            Some("") => return Err(CniError::config("pool", "must not be empty")),
+            p => p.map(str::to_owned),
+        };
+        let mtu = match f.opt_u64("mtu")? {
+            None => None,
+            Some(m) if (DEFAULT_MTU_MIN as u64..=65535).contains(&m) => Some(m as u32),
+            Some(m) => {
+                return Err(CniError::config(
+                    "mtu",
+                    format!("must be between 68 and 65535, got {m}"),
+                ))
+            }
+        };
+        let host_veth_prefix = f.opt_str("hostVethPrefix")?.unwrap_or("ali").to_owned();
+        if host_veth_prefix.is_empty()
+            || host_veth_prefix.len() > 8
+            || !host_veth_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(CniError::config(
+                "hostVethPrefix",
+                format!("{host_veth_prefix:?} must be 1 to 8 characters of [A-Za-z0-9_-]"),
+            ));
+        }
+        let log_file = f.opt_abs_path("logFile")?;
+        let log_level = match f.opt_str("logLevel")? {
+            None => LogLevel::Info,
+            Some(s) => match s.to_ascii_lowercase().as_str() {
+                "error" => LogLevel::Error,
+                "warn" | "warning" => LogLevel::Warn,
+                "info" => LogLevel::Info,
+                "debug" => LogLevel::Debug,
+                "trace" => LogLevel::Trace,
+                _ => {
+                    return Err(CniError::config(
+                        "logLevel",
+                        format!("{s:?} is not one of error, warn, info, debug, trace"),
+                    ))
+                }
+            },
+        };
+        let async_teardown = f.opt_bool("asyncTeardown")?.unwrap_or(true);
+        let timeout_ms = f.opt_u64("timeoutMs")?.unwrap_or(DEFAULT_TIMEOUT_MS);
+        if !(1..=300_000).contains(&timeout_ms) {
+            return Err(CniError::config(
+                "timeoutMs",
+                format!("must be between 1 and 300000, got {timeout_ms}"),
+            ));
+        }
+        let dns = match self.obj.get("dns") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                serde_json::from_value::<Dns>(v.clone()).map_err(|e| CniError::config("dns", e))?,
+            ),
+        };
+        let pod_routes = match self.obj.get("podRoutes") {
+            None | Some(Value::Null) => vec![(std::net::Ipv4Addr::UNSPECIFIED, 0)],
+            Some(v) => parse_pod_routes(v)?,
+        };
+        let capabilities = f.opt_object("capabilities")?.cloned().unwrap_or_default();
+        let runtime_config = match self.obj.get("runtimeConfig") {
+            None | Some(Value::Null) => RuntimeConfig::default(),
+            Some(v) => RuntimeConfig::parse(v)?,
+        };
+        let args = f.opt_object("args")?.cloned();
+        let prev_result = f
+            .opt_object("prevResult")?
+            .map(|m| Value::Object(m.clone()));
+        let valid_attachments = match ["cni.dev/valid-attachments", "cni.dev/attachments"]
+            .into_iter()
+            .find_map(|k| self.obj.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
+        {
+            None => None,
+            Some((k, v)) => Some(parse_attachments(k, v)?),
+        };
+        Ok(NetConf {
+            cni_version: self.version,
+            name,
+            plugin_type,
+            ipam_socket,
+            spool_dir,
+            pool,
+            mtu,
+            host_veth_prefix,
+            log_file,
+            log_level,
+            async_teardown,
+            timeout: Duration::from_millis(timeout_ms),
+            dns,
+            pod_routes,
+            capabilities,
+            runtime_config,
+            args,
+            prev_result,
+            valid_attachments,
+        })
+    }
+}
+
+/// `podRoutes`: a non-empty list of IPv4 CIDRs without host bits, no duplicates.
+fn parse_pod_routes(v: &Value) -> Result<Vec<(std::net::Ipv4Addr, u8)>, CniError> {
+    let arr = v
+        .as_array()
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| CniError::config("podRoutes", "must be a non-empty array of IPv4 CIDRs"))?;
+    let mut out: Vec<(std::net::Ipv4Addr, u8)> = Vec::with_capacity(arr.len());
+    for (i, e) in arr.iter().enumerate() {
+        let field = format!("podRoutes[{i}]");
+        let s = e
+            .as_str()
+            .ok_or_else(|| CniError::config(&field, "must be a string like \"10.0.0.0/8\""))?;
+        let net: crate::IpNet = s.parse().map_err(|e| CniError::config(&field, e))?;
+        let std::net::IpAddr::V4(addr) = net.addr else {
+            return Err(CniError::config(&field, format!("{s:?} is not IPv4")));
+        };
+        let mask = u32::MAX.checked_shl(32 - u32::from(net.prefix_len)).unwrap_or(0);
+        if u32::from(addr) & !mask != 0 {
+            return Err(CniError::config(
+                &field,
+                format!("{s:?} has host bits set; did you mean {}/{}?", std::net::Ipv4Addr::from(u32::from(addr) & mask), net.prefix_len),
+            ));
+        }
+        if out.contains(&(addr, net.prefix_len)) {
+            return Err(CniError::config(&field, format!("{s:?} is listed twice")));
+        }
+        out.push((addr, net.prefix_len));
+    }
+    Ok(out)
+}
+
+fn parse_attachments(key: &str, v: &Value) -> Result<Vec<GcAttachment>, CniError> {
+    let arr = v
+        .as_array()
+        .ok_or_else(|| CniError::config(key, "must be an array"))?;
+    arr.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let field = format!("{key}[{i}]");
+            let obj = a
+                .as_object()
+                .ok_or_else(|| CniError::config(&field, "must be an object"))?;
+            let get = |k: &str| {
+                obj.get(k)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .ok_or_else(|| {
+                        CniError::config(&format!("{field}.{k}"), "missing or not a string")
+                    })
+            };
+            Ok(GcAttachment {
+                container_id: get("containerID")?,
+                ifname: get("ifname")?,
+            })
+        })
+        .collect()
+}
+
+/// Typed field access with errors naming the field.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    fn opt_str(&self, k: &str) -> Result<Option<&'a str>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(CniError::config(k, "must be a string")),
+        }
+    }
+
+    fn req_str(&self, k: &str) -> Result<&'a str, CniError> {
+        match self.opt_str(k)? {
+            Some(s) if !s.is_empty() => Ok(s),
+            _ => Err(CniError::config(k, "missing")),
+        }
+    }
+
+    fn opt_abs_path(&self, k: &str) -> Result<Option<PathBuf>, CniError> {
+        match self.opt_str(k)? {
+            None => Ok(None),
+            Some(s) if s.starts_with('/') => Ok(Some(PathBuf::from(s))),
+            Some(s) => Err(CniError::config(
+                k,
+                format!("{s:?} must be an absolute path"),
+            )),
+        }
+    }
+
+    fn opt_u64(&self, k: &str) -> Result<Option<u64>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                CniError::config(k, format!("must be a non-negative integer, got {v}"))
+            }),
+        }
+    }
+
+    fn opt_bool(&self, k: &str) -> Result<Option<bool>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(CniError::config(
+                k,
+                format!("must be true or false, got {v}"),
+            )),
+        }
+    }
+
+    fn opt_object(&self, k: &str) -> Result<Option<&'a Map<String, Value>>, CniError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(o)),
+            Some(_) => Err(CniError::config(k, "must be an object")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::code;
+
+    fn base() -> Value {
+        json!({"cniVersion": "1.0.0", "name": "demo-net", "type": "aliasnet"})
+    }
+
+    fn with(k: &str, v: Value) -> Vec<u8> {
+        let mut b = base();
+        b[k] = v;
+        serde_json::to_vec(&b).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = NetConf::parse(&serde_json::to_vec(&base()).unwrap()).unwrap();
+        assert_eq!(c.cni_version, CniVersion::V1_0_0);
+        assert_eq!(c.ipam_socket, PathBuf::from("/run/aliasnet/ipamd.sock"));
+        assert_eq!(c.spool_dir, PathBuf::from("/var/lib/aliasnet/spool"));
+        assert_eq!(c.host_veth_prefix, "ali");
+        assert_eq!(c.mtu, None);
+        assert!(c.async_teardown);
+        assert_eq!(c.timeout, Duration::from_millis(5000));
+        assert_eq!(c.log_level, LogLevel::Info);
+        assert!(c.valid_attachments.is_none());
+    }
+
+    #[test]
+    fn pod_routes_default_and_validation() {
+        let c = NetConf::parse(&serde_json::to_vec(&base()).unwrap()).unwrap();
+        assert_eq!(c.pod_routes, vec![(std::net::Ipv4Addr::UNSPECIFIED, 0)]);
+        let c = NetConf::parse(&with("podRoutes", json!(["10.0.0.0/8", "172.16.0.0/12"]))).unwrap();
+        assert_eq!(c.pod_routes.len(), 2);
+        for (bad, needle) in [
+            (json!(["10.0.0.0/33"]), "podRoutes[0]"),
+            (json!(["10.0.0.1/8"]), "host bits"),
+            (json!(["10.0.0.0/8", "10.0.0.0/8"]), "twice"),
+            (json!(["fd00::/8"]), "not IPv4"),
+            (json!([]), "non-empty"),
+            (json!("10.0.0.0/8"), "podRoutes"),
+            (json!([7]), "podRoutes[0]"),
+        ] {
+            let e = NetConf::parse(&with("podRoutes", bad.clone())).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+            assert!(format!("{} {}", e.msg, e.details).contains(needle), "{bad}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn full_config_with_nulls_and_unknown_keys() {
+        let c = NetConf::parse(
+            json!({
+                "cniVersion": "1.1.0", "name": "n", "type": "aliasnet",
+                "ipamSocket": "/tmp/x.sock", "spoolDir": "/tmp/spool", "pool": null, "mtu": 1400,
+                "hostVethPrefix": "an", "logFile": "/tmp/cni.log", "logLevel": "DEBUG",
+                "asyncTeardown": false, "timeoutMs": 250, "somethingElse": {"x": 1},
+                "dns": {"nameservers": ["10.0.0.10"], "search": ["svc"]},
+                "capabilities": {"bandwidth": true},
+                "runtimeConfig": {"bandwidth": {"IngressRate": 5}},
+                "args": {"cni": {"labels": []}},
+                "prevResult": {"cniVersion": "1.1.0"},
+                "cni.dev/valid-attachments": [{"containerID": "c1", "ifname": "eth0"}],
+                "cni.dev/attachments": [{"containerID": "ignored", "ifname": "eth0"}]
+            })
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(c.mtu, Some(1400));
+        assert_eq!(c.pool, None);
+        assert_eq!(c.host_veth_prefix, "an");
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert!(!c.async_teardown);
+        assert_eq!(c.timeout, Duration::from_millis(250));
+        assert_eq!(c.dns.unwrap().nameservers, vec!["10.0.0.10".to_string()]);
+        assert_eq!(c.runtime_config.bandwidth.unwrap().ingress_rate, Some(5));
+        assert_eq!(
+            c.valid_attachments.unwrap(),
+            vec![GcAttachment {
+                container_id: "c1".into(),
+                ifname: "eth0".into()
+            }]
+        );
+        assert!(c.prev_result.is_some());
+    }
+
+    #[test]
+    fn older_attachments_key_is_accepted() {
+        let c = NetConf::parse(&with(
+            "cni.dev/attachments",
+            json!([{"containerID": "c2", "ifname": "net1"}]),
+        ))
+        .unwrap();
+        assert_eq!(c.valid_attachments.unwrap()[0].container_id, "c2");
+    }
+
+    /// Each bad input, its code, and the field the message must name.
+    #[test]
+    fn bad_config_table() {
+        let raw = |s: &str| s.as_bytes().to_vec();
+        let cases: Vec<(Vec<u8>, u32, &str)> = vec![
+            (raw("{not json"), 6, "decode"),
+            (raw(""), 6, "decode"),
+            (raw("[1,2]"), 6, "object"),
+            (raw(r#"{"name":"n","type":"aliasnet"}"#), 7, "cniVersion"),
+            (
+                raw(r#"{"cniVersion":1,"name":"n","type":"t"}"#),
+                7,
+                "cniVersion",
+            ),
+            (
+                raw(r#"{"cniVersion":"0.2.0","name":"n","type":"t"}"#),
+                1,
+                "0.2.0",
+            ),
+            (
+                raw(r#"{"cniVersion":"2.0.0","name":"n","type":"t"}"#),
+                1,
+                "2.0.0",
+            ),
+            (raw(r#"{"cniVersion":"1.0.0","type":"t"}"#), 7, "name"),
+            (with("name", json!("bad name")), 7, "name"),
+            (with("name", json!(5)), 7, "name"),
+            (raw(r#"{"cniVersion":"1.0.0","name":"n"}"#), 7, "type"),
+            (with("mtu", json!(67)), 7, "mtu"),
+            (with("mtu", json!(65536)), 7, "mtu"),
+            (with("mtu", json!("1500")), 7, "mtu"),
+            (with("mtu", json!(-1)), 7, "mtu"),
+            (with("mtu", json!(1500.5)), 7, "mtu"),
+            (with("ipamSocket", json!(1)), 7, "ipamSocket"),
+            (with("ipamSocket", json!("relative.sock")), 7, "ipamSocket"),
+            (with("spoolDir", json!(["x"])), 7, "spoolDir"),
+            (with("pool", json!("")), 7, "pool"),
+            (with("pool", json!(3)), 7, "pool"),
+            (with("hostVethPrefix", json!("")), 7, "hostVethPrefix"),
+            (
+                with("hostVethPrefix", json!("waytoolong")),
+                7,
+                "hostVethPrefix",
+            ),
+            (with("hostVethPrefix", json!("a/b")), 7, "hostVethPrefix"),
+            (with("logFile", json!(false)), 7, "logFile"),
+            (with("logLevel", json!("loud")), 7, "logLevel"),
+            (with("asyncTeardown", json!("yes")), 7, "asyncTeardown"),
+            (with("timeoutMs", json!(0)), 7, "timeoutMs"),
+            (with("timeoutMs", json!("5s")), 7, "timeoutMs"),
+            (with("dns", json!({"nameservers": "1.1.1.1"})), 7, "dns"),
+            (with("capabilities", json!(true)), 7, "capabilities"),
+            (with("runtimeConfig", json!("x")), 7, "runtimeConfig"),
+            (with("args", json!([1])), 7, "args"),
+            (with("prevResult", json!("x")), 7, "prevResult"),
+            (
+                with("cni.dev/valid-attachments", json!({})),
+                7,
+                "cni.dev/valid-attachments",
+            ),
+            (
+                with("cni.dev/valid-attachments", json!([{"containerID": "c"}])),
+                7,
+                "ifname",
+            ),
+        ];
+        for (input, code, needle) in cases {
+            let shown = String::from_utf8_lossy(&input).into_owned();
+            let e = NetConf::parse(&input).unwrap_err();
+            assert_eq!(e.code, code, "{shown}: {}", e.msg);
+            assert!(e.msg.contains(needle), "{shown}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn version_is_known_before_field_errors() {
+        let raw = RawConf::decode(&with("mtu", json!(1))).unwrap();
+        assert_eq!(raw.version, CniVersion::V1_0_0);
+        assert_eq!(raw.validate().unwrap_err().code, 7);
+    }
+}

@@ -1,0 +1,282 @@
+# shellcheck shell=bash
+# Shared helpers of the packaging and real-runtime tests (sourced, not run).
+#
+# Conventions: each test file defines `test_*` functions and ends with `run_tests "$@"`.
+# Every test runs in its own subshell with its own scratch directory and cleanup stack; the
+# root network namespace is snapshotted before and compared after each test (routes, rules,
+# addresses, links, qdiscs, forwarding sysctls, iptables rules), so a test that changes it fails.
+
+set -euo pipefail
+
+RT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$RT_DIR/../.." && pwd)
+BIN_DIR=${ALIASNET_BIN_DIR:-$REPO/target/release}
+# Kept short: netns and interface names derive from it.
+RT_ID=${RT_ID:-$$}
+
+log() { printf '    %s\n' "$*" >&2; }
+fail() {
+  printf '    FAIL: %s\n' "$*" >&2
+  exit 1
+}
+# check DESCRIPTION CMD...: run CMD, fail with DESCRIPTION if it fails.
+check() {
+  local what=$1
+  shift
+  "$@" || fail "$what"
+}
+assert_eq() { [[ $1 == "$2" ]] || fail "$3: expected '$2', got '$1'"; }
+
+# ---- cleanup stack (LIFO), run on the test subshell's exit ----
+_cleanups=()
+defer() { _cleanups+=("$*"); }
+_run_cleanups() {
+  local i
+  for ((i = ${#_cleanups[@]} - 1; i >= 0; i--)); do
+    eval "${_cleanups[i]}" >/dev/null 2>&1 || true
+  done
+  _cleanups=()
+}
+
+# ---- binaries ----
+need_bins() {
+  local b
+  for b in "$@"; do
+    [[ -x $BIN_DIR/$b ]] || fail "$BIN_DIR/$b missing: build with 'cargo build --release --bins' or set ALIASNET_BIN_DIR"
+  done
+}
+
+# ---- root netns invariants ----
+root_snapshot() {
+  # Each probe is allowed to fail (e.g. no IPv6): a missing section still compares equal.
+  {
+    echo "## links"
+    ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | sort
+    echo "## addrs"
+    ip -o addr show | awk '{print $2, $3, $4}' | sort
+    echo "## routes"
+    ip route show table all | grep -Ev '^(local|broadcast|multicast|anycast) ' | sort
+    ip -6 route show table all | grep -Ev '^(local|multicast|anycast) ' | sort
+    echo "## rules"
+    ip rule show
+    echo "## qdiscs"
+    tc qdisc show | sort
+    echo "## sysctls"
+    sysctl net.ipv4.ip_forward net.ipv4.conf.all.forwarding net.ipv4.conf.default.forwarding \
+      net.ipv4.conf.all.rp_filter net.ipv4.conf.all.proxy_arp net.ipv6.conf.all.forwarding
+    echo "## iptables"
+    iptables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//'
+    ip6tables-save | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//'
+  } 2>/dev/null || true
+}
+
+# ---- network namespaces ----
+# new_netns NAME: create (removed by the cleanup stack), lo up.
+new_netns() {
+  ip netns add "$1"
+  defer "ip netns del $1"
+  ip -n "$1" link set lo up
+}
+# in_ns NAME CMD...: run CMD in netns NAME without remounting /sys (bpffs stays visible).
+in_ns() {
+  local ns=$1
+  shift
+  nsenter --net="/run/netns/$ns" -- "$@"
+}
+
+# make_fabric NODE ROUTER INET POD_RANGE: a node netns whose uplink eth0 (198.51.100.2/24)
+# goes to a router netns (198.51.100.1 / 203.0.113.1) that routes POD_RANGE back to the node,
+# and an "internet" host netns at 203.0.113.10. TEST-NET addresses only.
+make_fabric() {
+  local node=$1 rtr=$2 inet=$3 pods=$4
+  new_netns "$node"
+  new_netns "$rtr"
+  new_netns "$inet"
+  ip -n "$node" link add eth0 type veth peer name to-node netns "$rtr"
+  ip -n "$rtr" link add to-inet type veth peer name eth0 netns "$inet"
+  ip -n "$node" addr add 198.51.100.2/24 dev eth0
+  ip -n "$node" link set eth0 up
+  ip -n "$node" route add default via 198.51.100.1
+  ip -n "$rtr" addr add 198.51.100.1/24 dev to-node
+  ip -n "$rtr" addr add 203.0.113.1/24 dev to-inet
+  ip -n "$rtr" link set to-node up
+  ip -n "$rtr" link set to-inet up
+  ip -n "$rtr" route add "$pods" via 198.51.100.2
+  in_ns "$rtr" sysctl -qw net.ipv4.ip_forward=1
+  ip -n "$inet" addr add 203.0.113.10/24 dev eth0
+  ip -n "$inet" link set eth0 up
+  ip -n "$inet" route add default via 203.0.113.1
+}
+
+# node_links NODE: links of the node netns other than lo and eth0 (pod host veths).
+node_links() { ip -n "$1" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -vx 'lo\|eth0' || true; }
+# node_pod_routes NODE: host routes to pods (scope link /32s via veths).
+node_pod_routes() { ip -n "$1" route show | grep -v '^default\|^198\.51\.100\.0/24' || true; }
+
+# ---- a private mount namespace for a runtime ----
+# Runtimes write to fixed host paths (/var/lib/cni/results, /var/lib/containers/cache,
+# /run/runc, /run/netns, ctr's /etc/cni/net.d and /opt/cni/bin). start_mount_ns starts a
+# process holding a private mount namespace whose /var/lib, /run and /opt are empty tmpfs;
+# `mns` runs a command in it (nsenter opens /run/netns/<node> before it enters). Everything mounted there (tmpfs, overlays, netns bind mounts) vanishes with
+# the namespace, so the host's filesystem never sees the runtime's files.
+start_mount_ns() {
+  unshare --mount --propagation private -- sleep infinity &
+  HOLDER=$!
+  defer "kill $HOLDER"
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ $(readlink "/proc/$HOLDER/ns/mnt" 2>/dev/null) != "$(readlink /proc/self/ns/mnt)" ]] && break
+    sleep 0.02
+  done
+  local d
+  for d in /var/lib /run /opt; do
+    mns mount -t tmpfs -o mode=755 aliasnet-rt "$d"
+  done
+  mns mkdir -p /run/netns /run/lock
+}
+mns() { nsenter --mount="/proc/$HOLDER/ns/mnt" -- "$@"; }
+# in_node CMD...: in the node's netns and the runtime's mount namespace.
+in_node() { nsenter --mount="/proc/$HOLDER/ns/mnt" --net="/run/netns/${NODE:?}" -- "$@"; }
+
+# remove_cgroups NAME: rmdir the cgroup NAME (and below, deepest first) in every hierarchy; the
+# runtimes leave their cgroup directories behind (runtimes.md).
+remove_cgroups() {
+  local d
+  for d in /sys/fs/cgroup/*/"$1" /sys/fs/cgroup/"$1"; do
+    [[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+  return 0
+}
+
+# ---- aliasnet-ipamd ----
+# ipamd_config DIR POOL_CIDR: write DIR/ipamd.toml with everything under DIR.
+ipamd_config() {
+  local dir=$1 cidr=$2
+  mkdir -p "$dir/spool"
+  cat >"$dir/ipamd.toml" <<EOF
+socket = "$dir/ipamd.sock"
+state_dir = "$dir/ipam"
+spool_dir = "$dir/spool"
+cooldown = "0"
+host_veth_prefix = "ali"
+log_level = "debug"
+
+[[pool]]
+name = "test"
+source = "static"
+cidrs = ["$cidr"]
+EOF
+}
+
+# start_ipamd NS DIR [SOCKET]: run aliasnet-ipamd in netns NS with DIR/ipamd.toml, logging to
+# DIR/ipamd.log; waits until SOCKET (default DIR/ipamd.sock) answers.
+start_ipamd() {
+  local ns=$1 dir=$2 sock=${3:-$2/ipamd.sock} pid i
+  in_ns "$ns" "$BIN_DIR/aliasnet-ipamd" --config "$dir/ipamd.toml" >>"$dir/ipamd.log" 2>&1 &
+  pid=$!
+  echo "$pid" >"$dir/ipamd.pid"
+  defer "stop_pid $pid"
+  for ((i = 0; i < 100; i++)); do
+    if ipam_call "$sock" '{"op":"stats"}' >/dev/null 2>&1; then return 0; fi
+    kill -0 "$pid" 2>/dev/null || fail "aliasnet-ipamd exited: $(tail -n 5 "$dir/ipamd.log")"
+    sleep 0.05
+  done
+  fail "aliasnet-ipamd did not answer on $sock: $(tail -n 5 "$dir/ipamd.log")"
+}
+
+# stop_pid PID: SIGTERM, then SIGKILL after 5 s; only the process we started.
+stop_pid() {
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || {
+      wait "$pid" 2>/dev/null || true
+      return 0
+    }
+    sleep 0.05
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+# ipam_call SOCKET JSON_BODY: one request over the ipam-proto framing (4-byte big-endian
+# length + JSON with "v":1), prints the reply's JSON.
+ipam_call() {
+  python3 - "$1" "$2" <<'EOF'
+import json, socket, struct, sys
+path, body = sys.argv[1], json.loads(sys.argv[2])
+req = json.dumps({"v": 1, **body}).encode()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect(path)
+s.sendall(struct.pack(">I", len(req)) + req)
+def read(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise SystemExit("ipamd closed the connection")
+        buf += chunk
+    return buf
+(n,) = struct.unpack(">I", read(4))
+print(read(n).decode())
+EOF
+}
+
+# leases SOCKET: one line per lease: "<address> <network>/<container>/<ifname>".
+leases() {
+  ipam_call "$1" '{"op":"list"}' |
+    jq -r 'if .reply != "leases" then error("unexpected reply: \(.)") else .leases[] | "\(.address) \(.key.network)/\(.key.container_id)/\(.key.ifname)" end'
+}
+
+# ---- runner ----
+# _run_one TEST: the test with a fresh scratch directory and cleanup stack (call in a subshell).
+_run_one() {
+  SCRATCH=$(mktemp -d "/var/tmp/aliasnet-rt.XXXXXX")
+  export SCRATCH
+  _cleanups=()
+  trap '_run_cleanups; rm -rf "$SCRATCH"' EXIT
+  "$1"
+}
+run_tests() {
+  local only=${1:-} t passed=0 failed=0 skipped=0 before after rc
+  local tests
+  tests=$(declare -F | awk '{print $3}' | grep '^test_' || true)
+  for t in $tests; do
+    [[ -z $only || $t == "$only" ]] || continue
+    printf '%s ... \n' "$t" >&2
+    before=$(root_snapshot)
+    rc=0
+    # Not `( ... ) || rc=$?`: inside a ||-list bash ignores errexit, and the tests rely on it.
+    set +e
+    (_run_one "$t")
+    rc=$?
+    set -e
+    after=$(root_snapshot)
+    if ((rc == 77)); then
+      printf '%s: skipped\n' "$t" >&2
+      skipped=$((skipped + 1))
+      continue
+    fi
+    if [[ $before != "$after" ]]; then
+      printf '    FAIL: the root network namespace changed:\n%s\n' "$(diff <(echo "$before") <(echo "$after") || true)" >&2
+      rc=1
+    fi
+    if ((rc == 0)); then
+      printf '%s: ok\n' "$t" >&2
+      passed=$((passed + 1))
+    else
+      printf '%s: FAILED\n' "$t" >&2
+      failed=$((failed + 1))
+    fi
+  done
+  printf '%s: %d passed, %d failed, %d skipped\n' "$(basename "$0" .sh)" "$passed" "$failed" "$skipped"
+  ((failed == 0))
+}
+
+# skip REASON: mark the current test skipped (exit 77). In CI (CI set) a skip is a failure.
+skip() {
+  if [[ -n ${CI:-} ]]; then fail "would skip in CI: $*"; fi
+  printf '    SKIP: %s\n' "$*" >&2
+  exit 77
+}

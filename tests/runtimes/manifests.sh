@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# install/*.yaml against the Kubernetes schemas (offline, strict), the security properties of
+# the manifests, and "zero API-server load": the agents have no Kubernetes client and make no
+# connection beyond the unix socket we configure.
+#   bash tests/runtimes/manifests.sh [test_name]
+# Needs: kubernetes-validate in $KV_VENV (default /var/tmp/aliasnet-kv; created by
+# tests/setup.sh), strace, jq, cargo, and the built binaries for the connection test.
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "$0")/lib.sh"
+
+KV_VENV=${KV_VENV:-/var/tmp/aliasnet-kv}
+MANIFESTS=("$REPO"/install/*.yaml)
+# Oldest supported (securityContext.appArmorProfile is GA in 1.30) and newest known.
+K8S_VERSIONS=(1.30 1.37)
+
+kv() {
+  [[ -x $KV_VENV/bin/kubernetes-validate ]] ||
+    skip "kubernetes-validate not installed: python3 -m venv $KV_VENV && $KV_VENV/bin/pip install kubernetes-validate"
+  "$KV_VENV/bin/kubernetes-validate" "$@"
+}
+
+test_manifests_validate_strict() {
+  local v
+  for v in "${K8S_VERSIONS[@]}"; do
+    kv --strict -k "$v" "${MANIFESTS[@]}" >"$SCRATCH/out" 2>&1 || fail "kubernetes-validate $v: $(cat "$SCRATCH/out")"
+  done
+  grep -c passed "$SCRATCH/out" | xargs -I{} printf '    %s resources valid\n' {} >&2
+  # The validator really is strict: an unknown field must be rejected.
+  sed 's/^      hostNetwork: true$/      hostNetwork: true\n      hostNetwrok: true/' "$REPO/install/aliasnet.yaml" >"$SCRATCH/typo.yaml"
+  grep -q hostNetwrok "$SCRATCH/typo.yaml" || fail "could not make the negative control"
+  if kv --strict "$SCRATCH/typo.yaml" >"$SCRATCH/out" 2>&1; then fail "strict validation accepted an unknown field"; fi
+  grep -q "hostNetwrok" "$SCRATCH/out" || fail "the rejection does not name the field: $(cat "$SCRATCH/out")"
+}
+
+# Structural properties of the manifests (parsed with PyYAML from the validator's venv).
+test_manifest_security_properties() {
+  [[ -x $KV_VENV/bin/python ]] || skip "no venv at $KV_VENV"
+  "$KV_VENV/bin/python" - "$REPO/install" <<'EOF' || fail "manifest properties"
+import pathlib, sys, yaml
+root = pathlib.Path(sys.argv[1])
+errors = []
+def err(m): errors.append(m)
+docs = {}
+for f in sorted(root.glob("*.yaml")):
+    for d in yaml.safe_load_all(f.read_text()):
+        if d:
+            docs[(f.name, d["kind"], d["metadata"]["name"])] = d
+
+for (f, kind, name), d in docs.items():
+    if kind == "ServiceAccount" and d.get("automountServiceAccountToken") is not False:
+        err(f"{f}: ServiceAccount {name} must set automountServiceAccountToken: false")
+    if kind in ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding"):
+        err(f"{f}: {kind} {name}: the agents need no API access, so no RBAC")
+    if kind != "DaemonSet":
+        continue
+    spec = d["spec"]["template"]["spec"]
+    where = f"{f}: DaemonSet {name}"
+    if spec.get("automountServiceAccountToken") is not False:
+        err(f"{where}: pod must set automountServiceAccountToken: false")
+    for v in spec.get("volumes", []):
+        for src in (v.get("projected") or {}).get("sources", []):
+            if "serviceAccountToken" in src:
+                err(f"{where}: volume {v['name']} projects a service account token")
+        if "secret" in v:
+            err(f"{where}: volume {v['name']} mounts a secret")
+    host = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
+    if not spec.get("hostNetwork"):
+        err(f"{where}: hostNetwork must be true")
+    if not any(t.get("operator") == "Exists" and "key" not in t for t in spec.get("tolerations", [])):
+        err(f"{where}: must tolerate every taint")
+    if spec.get("priorityClassName") != "system-node-critical":
+        err(f"{where}: priorityClassName must be system-node-critical")
+    if d["spec"].get("updateStrategy", {}).get("type") != "RollingUpdate":
+        err(f"{where}: updateStrategy must be RollingUpdate")
+    allowed_caps = {"ipamd": {"NET_ADMIN"}, "shaperd": {"BPF", "NET_ADMIN", "SYS_ADMIN"}}
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        cw = f"{where} container {c['name']}"
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            err(f"{cw}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            err(f"{cw}: allowPrivilegeEscalation must be false")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            err(f"{cw}: must drop ALL capabilities")
+        add = set(sc.get("capabilities", {}).get("add", []))
+        if not add <= allowed_caps.get(c["name"], set()):
+            err(f"{cw}: unexpected capabilities {sorted(add - allowed_caps.get(c['name'], set()))}")
+        if "resources" not in c or "requests" not in c["resources"] or "memory" not in c["resources"].get("limits", {}):
+            err(f"{cw}: needs resource requests and a memory limit")
+        if any(e.get("name", "").startswith("KUBERNETES_") for e in c.get("env", [])):
+            err(f"{cw}: sets KUBERNETES_* env")
+        for m in c.get("volumeMounts", []):
+            if m["mountPath"].startswith("/var/run/secrets"):
+                err(f"{cw}: mounts {m['mountPath']}")
+    if name == "aliasnet-node":
+        need = {"/opt/cni/bin", "/etc/cni/net.d", "/etc/aliasnet", "/var/lib/aliasnet",
+                "/run/aliasnet", "/sys/fs/bpf"}
+        missing = need - set(host.values())
+        if missing:
+            err(f"{where}: missing hostPath mounts {sorted(missing)}")
+        names = [c["name"] for c in spec["containers"]]
+        if names != ["ipamd", "shaperd"]:
+            err(f"{where}: containers {names}")
+        ipamd = spec["containers"][0]
+        probe = " ".join(ipamd.get("readinessProbe", {}).get("exec", {}).get("command", []))
+        if "ready.sh" not in probe or "10-aliasnet.conflist" not in probe:
+            err(f"{where}: ipamd readiness must run ready.sh against the installed conflist")
+        init = " ".join(spec["initContainers"][0]["command"])
+        if "install.sh" not in init:
+            err(f"{where}: the init container must run install.sh")
+
+# The ConfigMap ships exactly install/etc/ (what install.sh and the image use by default).
+cm = docs[("aliasnet.yaml", "ConfigMap", "aliasnet-config")]["data"]
+for key in ("10-aliasnet.conflist", "ipamd.toml", "shaper.toml"):
+    if cm.get(key) != (root / "etc" / key).read_text():
+        err(f"ConfigMap key {key} differs from install/etc/{key}")
+for e in errors:
+    print("    " + e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+EOF
+}
+
+# No Kubernetes client (nor any HTTP client) in the agents' dependency graphs.
+test_agents_link_no_kubernetes_client() {
+  command -v cargo >/dev/null || skip "cargo not found"
+  local pkg deps bad
+  for pkg in aliasnet-cni aliasnet-ipam aliasnet-shaper; do
+    deps=$(cd "$REPO" && cargo tree --offline -q -p "$pkg" -e normal,build --prefix none --format '{p}' 2>&1) ||
+      fail "cargo tree -p $pkg: $deps"
+    bad=$(awk '{print $1}' <<<"$deps" | sort -u |
+      grep -Ex 'kube|kube-[a-z-]+|k8s-openapi|k8s-cri|reqwest|ureq|isahc|attohttpc|curl|hyper-util|tonic' || true)
+    [[ -z $bad ]] || fail "$pkg depends on: $bad"
+    log "$pkg: $(awk '{print $1}' <<<"$deps" | sort -u | wc -l) crates, none a Kubernetes or HTTP client"
+  done
+}
+
+# unexpected_destinations STRACE SOCKET: the sockaddrs that connect/sendto/sendmsg calls in
+# STRACE were aimed at, other than netlink and SOCKET. (Netlink payloads also say AF_INET as
+# rtm_family=...; only sa_family=... is an address.)
+unexpected_destinations() {
+  grep -E '^[0-9]+ +(connect|sendto|sendmsg)\(' "$1" |
+    grep -oE 'sa_family=AF_[A-Z0-9]+(, sun_path="[^"]*")?' | sort -u |
+    grep -vx -e 'sa_family=AF_NETLINK' -e "sa_family=AF_UNIX, sun_path=\"$2\"" || true
+}
+
+# strace every connect/sendto/sendmsg of the daemons and of the plugin (a full ADD/DEL) in a
+# node netns whose only way out is a TEST-NET uplink: the only destinations allowed are the
+# configured ipamd socket and netlink (the kernel). An attempt to reach an API server, DNS or
+# anything else shows up as an AF_INET/AF_INET6 (or another AF_UNIX) address.
+test_agents_connect_only_to_configured_sockets() {
+  need_bins aliasnet aliasnet-ipamd aliasnet-shaperd
+  command -v strace >/dev/null || skip "strace not installed"
+  local node=anc-n-$RT_ID pod=anc-p-$RT_ID dir=$SCRATCH conf pid
+  new_netns "$node"
+  new_netns "$pod"
+  ip -n "$node" link add eth0 type veth peer name uplink-peer
+  ip -n "$node" link set uplink-peer up
+  ip -n "$node" link set eth0 up
+  ip -n "$node" addr add 198.51.100.2/24 dev eth0
+  ip -n "$node" route add default via 198.51.100.1
+  ipamd_config "$dir" 10.232.0.0/29
+  # What a pod in a cluster would see: the agents must not act on it.
+  export KUBERNETES_SERVICE_HOST=198.51.100.77 KUBERNETES_SERVICE_PORT=443
+  local trace=(strace -f -qq -e "trace=connect,sendto,sendmsg" -o)
+
+  # Negative control: the filter does catch a TCP connection attempt.
+  in_ns "$node" "${trace[@]}" "$dir/control.strace" \
+    python3 -c 'import socket; s = socket.socket(); s.settimeout(0.2)
+try: s.connect(("198.51.100.77", 443))
+except OSError: pass' || true
+  [[ $(unexpected_destinations "$dir/control.strace" "$dir/ipamd.sock") == sa_family=AF_INET ]] ||
+    fail "the negative control was not detected: $(cat "$dir/control.strace")"
+
+  in_ns "$node" "${trace[@]}" "$dir/ipamd.strace" \
+    "$BIN_DIR/aliasnet-ipamd" --config "$dir/ipamd.toml" >>"$dir/ipamd.log" 2>&1 &
+  pid=$!
+  defer "stop_pid $pid"
+  for _ in $(seq 100); do [[ -S $dir/ipamd.sock ]] && break; sleep 0.05; done
+  [[ -S $dir/ipamd.sock ]] || fail "ipamd did not start: $(tail -n5 "$dir/ipamd.log")"
+  conf=$(jq -nc --arg d "$dir" '{cniVersion: "1.0.0", name: "conncheck", type: "aliasnet",
+    ipamSocket: ($d + "/ipamd.sock"), spoolDir: ($d + "/spool")}')
+  local add
+  add=$(CNI_COMMAND=ADD CNI_CONTAINERID=cid-c CNI_NETNS=/run/netns/$pod CNI_IFNAME=eth0 CNI_PATH=/ \
+    in_ns "$node" "${trace[@]}" "$dir/add.strace" "$BIN_DIR/aliasnet" <<<"$conf") || fail "ADD failed: $add"
+  CNI_COMMAND=DEL CNI_CONTAINERID=cid-c CNI_NETNS=/run/netns/$pod CNI_IFNAME=eth0 CNI_PATH=/ \
+    in_ns "$node" "${trace[@]}" "$dir/del.strace" "$BIN_DIR/aliasnet" <<<"$conf" || fail "DEL failed"
+  sleep 0.3
+  stop_pid "$pid"
+
+  # shaperd: install the datapath and apply the policy once, pinned in a private bpffs
+  # instance (a fresh mount is its own instance; /sys/fs/bpf is not touched).
+  mkdir "$dir/bpf"
+  mount -t bpf bpf "$dir/bpf"
+  defer "umount $dir/bpf"
+  cp "$REPO/install/etc/shaper.toml" "$dir/shaper.toml"
+  in_ns "$node" "${trace[@]}" "$dir/shaperd.strace" "$BIN_DIR/aliasnet-shaperd" --once \
+    --config "$dir/shaper.toml" --pin-root "$dir/bpf/aliasnet" >"$dir/shaperd.log" 2>&1 ||
+    fail "shaperd --once failed: $(tail -n5 "$dir/shaperd.log")"
+
+  local f bad n
+  for f in ipamd add del shaperd; do
+    n=$(grep -cE '^[0-9]+ +(connect|sendto|sendmsg)\(' "$dir/$f.strace" || true)
+    bad=$(unexpected_destinations "$dir/$f.strace" "$dir/ipamd.sock")
+    [[ -z $bad ]] || fail "$f: unexpected destinations: $bad"
+    log "$f: $n connect/send calls, all to netlink or $dir/ipamd.sock"
+  done
+  grep -qF "sun_path=\"$dir/ipamd.sock\"" "$dir/add.strace" || fail "the plugin never reached the socket (strace not capturing?)"
+}
+
+run_tests "$@"

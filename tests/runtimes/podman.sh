@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# podman 4.3 with the CNI backend driving the real `aliasnet` plugin (installed by install.sh).
+#   bash tests/runtimes/podman.sh [test_name]
+#
+# Topology: podman and aliasnet-ipamd run inside a "node" netns, so the host ends of the pod
+# veths, the /32 routes and ip_forward land there, never in the root netns. The node's uplink
+# goes to a router netns that routes the pod range back to the node, with an "internet" host
+# (203.0.113.10) behind it. podman's storage, run and tmp dirs, its containers.conf, the CNI
+# dirs and the ipamd state are all under the test's scratch directory, and podman runs in a
+# private mount namespace (start_mount_ns) for the paths it does not let us move; the
+# machine's podman setup is not used or changed.
+#
+# Needs: podman runc conmon busybox-static containernetworking-plugins (apt; see
+# tests/setup.sh), jq, python3, and the built binaries (ALIASNET_BIN_DIR).
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "$0")/lib.sh"
+
+POD_RANGE=10.233.0.0/29
+
+# podman_env: a node with aliasnet installed (by install.sh) and ipamd running; sets S, NODE,
+# CG (the cgroup parent of the containers) and the podman wrapper `pm`.
+podman_env() {
+  need_bins aliasnet aliasnet-ipamd
+  command -v podman >/dev/null || skip "podman not installed (apt-get install podman runc conmon busybox-static)"
+  [[ -x /bin/busybox ]] || skip "busybox-static not installed"
+  S=$SCRATCH
+  NODE=anp-n-$RT_ID
+  make_fabric "$NODE" "anp-r-$RT_ID" "anp-i-$RT_ID" "$POD_RANGE"
+
+  # aliasnet, installed the way the DaemonSet does it, into scratch directories.
+  mkdir -p "$S"/{src,cni/bin,cni/net.d,etc,state/spool,run,log}
+  jq --arg s "$S" '.plugins[0] += {ipamSocket: ($s + "/run/ipamd.sock"),
+      spoolDir: ($s + "/state/spool"), logFile: ($s + "/log/cni.log"), logLevel: "debug"}' \
+    "$REPO/install/etc/10-aliasnet.conflist" >"$S/src/10-aliasnet.conflist"
+  sed -e "s|^socket = .*|socket = \"$S/run/ipamd.sock\"|" \
+    -e "s|^state_dir = .*|state_dir = \"$S/state/ipam\"|" \
+    -e "s|^spool_dir = .*|spool_dir = \"$S/state/spool\"|" \
+    -e 's|^cooldown = .*|cooldown = "0"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
+  cp "$REPO/install/etc/shaper.toml" "$S/src/"
+  printf '[[pool]]\nname = "pods"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE" >"$S/etc/node-pools.toml"
+  "$REPO/install/install.sh" --bin-dir "$BIN_DIR" --config-src "$S/src" --cni-bin-dir "$S/cni/bin" \
+    --cni-conf-dir "$S/cni/net.d" --config-dir "$S/etc" --state-dir "$S/state" --log-dir "$S/log" 2>"$S/install.log" ||
+    fail "install.sh: $(cat "$S/install.log")"
+  cp "$S/etc/ipamd.toml" "$S/ipamd.toml"
+  start_ipamd "$NODE" "$S" "$S/run/ipamd.sock"
+  SOCK=$S/run/ipamd.sock
+
+  # runtimes.md: cgroupfs (no systemd), file events, runc (crun refuses the hybrid cgroup
+  # layout), ulimits within the hard limits. conmon passes CONTAINERS_CONF on to the
+  # `podman container cleanup` it runs at exit, so teardown (DEL) uses this config too.
+  CG=/aliasnet-rt-$RT_ID
+  cat >"$S/containers.conf" <<EOF
+[containers]
+netns = "bridge"
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "$S/podman/events.log"
+runtime = "runc"
+tmp_dir = "$S/podman/tmp"
+volume_path = "$S/podman/volumes"
+conmon_env_vars = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "CONTAINERS_CONF=$S/containers.conf"]
+[network]
+network_backend = "cni"
+cni_plugin_dirs = ["$S/cni/bin", "/usr/lib/cni"]
+network_config_dir = "$S/cni/net.d"
+default_network = "aliasnet"
+EOF
+  export CONTAINERS_CONF=$S/containers.conf
+  start_mount_ns
+  defer "podman_teardown"
+  # Image without a registry (runtimes.md): a static busybox.
+  local rootfs=$S/rootfs
+  mkdir -p "$rootfs"/{bin,etc,proc,sys,dev,tmp,root}
+  cp /bin/busybox "$rootfs/bin/"
+  chroot "$rootfs" /bin/busybox --install -s /bin
+  echo 'root:x:0:0:root:/root:/bin/sh' >"$rootfs/etc/passwd"
+  echo 'root:x:0:' >"$rootfs/etc/group"
+  tar -C "$rootfs" -c . | pm import --change 'CMD ["/bin/sh"]' - localhost/busybox:latest >/dev/null ||
+    fail "podman import failed"
+}
+
+pm() {
+  in_node podman --root "$S/podman/root" --runroot "$S/podman/runroot" --tmpdir "$S/podman/tmp" \
+    --cgroup-manager cgroupfs --events-backend file "$@"
+}
+
+# Runs at the end of every podman test (also on failure): containers and their cgroups (the
+# mount namespace, with podman's mounts, goes when its holder is killed).
+podman_teardown() {
+  pm rm -af -t 0 >/dev/null 2>&1 || true
+  pm image rm -af >/dev/null 2>&1 || true
+  remove_cgroups "$CG"
+}
+
+run_ctr() {
+  local name=$1
+  shift
+  pm run -d --name "$name" --cgroup-parent "$CG" --cap-add NET_RAW "$@" localhost/busybox sleep 600
+}
+ctr_ip() { pm exec "$1" ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; }
+ctr_id() { pm inspect -f '{{.Id}}' "$1"; }
+
+# wait_no_lease CID: podman tears down asynchronously (conmon runs `podman container cleanup`).
+wait_no_lease() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    leases "$SOCK" | grep -q "/$1/" || return 0
+    sleep 0.1
+  done
+  fail "lease of $1 still held: $(leases "$SOCK")"
+}
+
+# assert_clean: no lease, no host veth, no pod route, no podman netns, no libcni cache entry.
+assert_clean() {
+  local l
+  l=$(leases "$SOCK")
+  [[ -z $l ]] || fail "leaked leases: $l"
+  l=$(node_links "$NODE")
+  [[ -z $l ]] || fail "leaked host veths: $l"
+  l=$(node_pod_routes "$NODE")
+  [[ -z $l ]] || fail "leaked routes: $l"
+  l=$(mns ls -A /run/netns)
+  [[ -z $l ]] || fail "leaked network namespaces: $l"
+  l=$(mns find /var/lib/cni/results -type f 2>/dev/null || true)
+  [[ -z $l ]] || fail "leaked libcni cache entries: $l"
+}
+
+test_podman_two_containers_ping_each_other_and_internet() {
+  podman_env
+  run_ctr c1 >/dev/null || fail "podman run c1: $(tail -n 20 "$S/log/cni.log")"
+  run_ctr c2 >/dev/null || fail "podman run c2"
+  local ip1 ip2 id1 id2
+  ip1=$(ctr_ip c1)
+  ip2=$(ctr_ip c2)
+  id1=$(ctr_id c1)
+  id2=$(ctr_id c2)
+  log "c1 $ip1, c2 $ip2"
+  # Alias IPs from the node's pool, recorded by the daemon under podman's container IDs.
+  python3 -c "import ipaddress, sys; n = ipaddress.ip_network('$POD_RANGE')
+sys.exit(0 if all(ipaddress.ip_address(a) in n for a in ('$ip1', '$ip2')) and '$ip1' != '$ip2' else 1)" ||
+    fail "addresses $ip1 $ip2 not distinct addresses of $POD_RANGE"
+  leases "$SOCK" | grep -qx "$ip1 aliasnet/$id1/eth0" || fail "no lease for c1: $(leases "$SOCK")"
+  leases "$SOCK" | grep -qx "$ip2 aliasnet/$id2/eth0" || fail "no lease for c2: $(leases "$SOCK")"
+  # Pod wiring: /32 on eth0, default via the link-local gateway.
+  pm exec c1 ip -4 -o addr show eth0 | grep -q "$ip1/32" || fail "c1 eth0 is not a /32"
+  pm exec c1 ip route | grep -q '^default via 169.254.1.1' || fail "c1 has no default via 169.254.1.1"
+  pm exec c1 ping -c 2 -W 2 "$ip2" >/dev/null || fail "c1 cannot ping c2"
+  pm exec c2 ping -c 2 -W 2 "$ip1" >/dev/null || fail "c2 cannot ping c1"
+  pm exec c1 ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "c1 cannot ping the internet host"
+  in_ns "anp-i-$RT_ID" ping -c 1 -W 2 "$ip2" >/dev/null || fail "the internet host cannot reach c2 (no encapsulation, routed)"
+  # Forwarding was enabled in the node netns only (the root netns is compared by the runner).
+  assert_eq "$(in_ns "$NODE" sysctl -n net.ipv4.ip_forward)" 1 "node ip_forward"
+  assert_eq "$(node_links "$NODE" | wc -l)" 2 "host veths in the node"
+
+  # podman stop: the cleanup process sends DEL; the address is released.
+  pm stop -t 0 c1 >/dev/null
+  wait_no_lease "$id1"
+  ip -n "$NODE" route show "$ip1/32" | grep -q . && fail "route to $ip1 left after stop"
+  leases "$SOCK" | grep -q "/$id2/" || fail "stopping c1 released c2's lease"
+  pm exec c2 ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "c2 lost connectivity when c1 stopped"
+  # podman rm -f of a running container.
+  pm rm -f -t 0 c2 >/dev/null
+  wait_no_lease "$id2"
+  pm rm c1 >/dev/null
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") ]] && break; sleep 0.1; done
+  assert_clean
+}
+
+# podman start again after stop: a fresh ADD, and the second teardown is clean too.
+test_podman_restart_readds_and_releases() {
+  podman_env
+  run_ctr c1 >/dev/null || fail "podman run c1"
+  local id1
+  id1=$(ctr_id c1)
+  pm stop -t 0 c1 >/dev/null
+  wait_no_lease "$id1"
+  pm start c1 >/dev/null || fail "podman start c1"
+  leases "$SOCK" | grep -q "/$id1/" || fail "no lease after start"
+  pm exec c1 ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "no connectivity after restart"
+  pm rm -f -t 0 c1 >/dev/null
+  wait_no_lease "$id1"
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") ]] && break; sleep 0.1; done
+  assert_clean
+}
+
+# A chain whose second plugin fails ADD: podman reports the error, runs DEL on the whole chain,
+# and nothing of aliasnet's is left.
+test_podman_failing_chain_leaves_nothing() {
+  podman_env
+  cat >"$S/cni/bin/failadd" <<'EOF'
+#!/bin/sh
+# A chained plugin that fails every ADD with "try again later" (code 11).
+cat >/dev/null
+case "$CNI_COMMAND" in
+VERSION) echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0"]}' ;;
+ADD)
+  echo '{"cniVersion":"1.0.0","code":11,"msg":"induced ADD failure","details":"test"}'
+  exit 1
+  ;;
+esac
+exit 0
+EOF
+  chmod 755 "$S/cni/bin/failadd"
+  jq '.name = "aliasnet-fail" | .plugins += [{"type": "failadd"}]' "$S/cni/net.d/10-aliasnet.conflist" \
+    >"$S/cni/net.d/20-aliasnet-fail.conflist"
+  local out
+  if out=$(run_ctr cf --network aliasnet-fail 2>&1); then fail "podman run succeeded through a failing chain"; fi
+  [[ $out == *"induced ADD failure"* ]] || fail "podman did not report the plugin's error: $out"
+  log "podman: $(grep -m1 Error <<<"$out")"
+  # The ADD did happen (aliasnet allocated and wired), then DEL undid it.
+  grep -q 'ADD' "$S/log/cni.log" || fail "aliasnet never saw the ADD"
+  pm rm -f cf >/dev/null 2>&1 || true
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") && -z $(leases "$SOCK") ]] && break; sleep 0.1; done
+  assert_clean
+}
+
+# Why the conflist says 1.0.0: podman 4.3 rejects a 1.1.0 result, and still cleans up.
+test_podman_rejects_cni_110_results_and_cleans_up() {
+  podman_env
+  jq '.name = "aliasnet-v110" | .cniVersion = "1.1.0"' "$S/cni/net.d/10-aliasnet.conflist" \
+    >"$S/cni/net.d/30-aliasnet-v110.conflist"
+  local out
+  if out=$(run_ctr cv --network aliasnet-v110 2>&1); then fail "podman 4.3 accepted a 1.1.0 result"; fi
+  [[ $out == *'unsupported CNI result version "1.1.0"'* ]] || fail "unexpected podman error: $out"
+  pm rm -f cv >/dev/null 2>&1 || true
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") && -z $(leases "$SOCK") ]] && break; sleep 0.1; done
+  assert_clean
+}
+
+run_tests "$@"
