@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * aliasnet kernel <-> userspace ABI: map keys, values and constants shared by
+ * the tc programs in ebpf/ (the .bpf.c files) and their Rust mirrors (ebpf/src/abi.rs).
+ *
+ * Rules: fixed-width types only, explicit padding, every struct size asserted
+ * here and in abi.rs with the same number. Changing a layout means bumping
+ * AN_ABI_VERSION: the shaper refuses to reuse pinned maps of another version.
+ */
+#ifndef ALIASNET_ABI_H
+#define ALIASNET_ABI_H
+
+#include <linux/types.h>
+
+#define AN_ABI_VERSION 1
+
+/* Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower). */
+#define AN_MAX_PODS 1024
+#define AN_MAX_PREFIXES 65536
+/* The trie holds two generations during a policy swap (see struct an_lpm_key). */
+#define AN_LPM_MAX_ENTRIES 131072
+#define AN_MAX_NAMESPACES 4096
+
+/* Traffic classes, decided per packet on the remote address. */
+#define AN_CLASS_INTERNAL 0
+#define AN_CLASS_INTERNET 1
+#define AN_CLASS_BLOCKED 2
+/* Not IPv4 (ARP, IPv6, malformed IPv4 the stack drops anyway): passed, counted here. */
+#define AN_CLASS_OTHER 3
+#define AN_NR_CLASSES 4
+
+/* Directions, seen from the pod. */
+#define AN_DIR_EGRESS 0  /* pod -> anywhere: host veth ingress, remote = dst */
+#define AN_DIR_INGRESS 1 /* anywhere -> pod: host veth egress, remote = src */
+#define AN_NR_DIRS 2
+
+/*
+ * skb->priority values the programs write; they are HTB class ids (major 1),
+ * which HTB uses directly when no tc filter is installed. A value naming no
+ * class falls through to HTB's default, which we leave at 0 = unshaped direct queue.
+ */
+#define AN_HTB_MAJOR 1
+#define AN_CLASSID_POD_INTERNET 0x00010010 /* pod eth0: 1:10 internet-egress limit */
+#define AN_CLASSID_POD_OTHER 0x00010020    /* pod eth0: 1:20 rest (only with a total egress limit) */
+#define AN_CLASSID_NODE_CAP 0x00010010     /* uplink: 1:10 node-wide internet-egress cap */
+
+/*
+ * LPM trie key. The data part is {gen, addr}: every entry has prefixlen >= 32,
+ * so a lookup only matches entries of the generation it asks for. Userspace
+ * writes the new policy under the inactive generation, flips an_config.active_gen
+ * (one aligned 32-bit store), then deletes the old generation: each packet sees
+ * either the whole old or the whole new policy.
+ */
+struct an_lpm_key {
+	__u32 prefixlen; /* 32 + IPv4 prefix length */
+	__u32 gen;       /* 0 or 1 */
+	__u32 addr;      /* IPv4, network byte order */
+};
+_Static_assert(sizeof(struct an_lpm_key) == 12, "an_lpm_key size");
+
+struct an_lpm_value {
+	__u32 class; /* AN_CLASS_INTERNAL or AN_CLASS_BLOCKED; a miss means internet */
+	__u32 reserved;
+};
+_Static_assert(sizeof(struct an_lpm_value) == 8, "an_lpm_value size");
+
+/* an_config[0]. The programs read active_gen only; the rest is the applied policy for userspace. */
+struct an_config {
+	__u32 abi_version;
+	__u32 active_gen;
+	__u64 policy_epoch;             /* bumped on every applied policy */
+	__u64 default_internet_rate;    /* bit/s per pod, 0 = unlimited */
+	__u64 node_internet_cap;        /* bit/s for all pods together, 0 = none */
+	__u32 uplink_ifindex;           /* where the node cap is applied, 0 = none */
+	__u32 flags;
+	__u64 reserved[3];
+};
+_Static_assert(sizeof(struct an_config) == 64, "an_config size");
+
+/* an_pods: host veth ifindex -> pod. Written on attach, read per packet. */
+struct an_pod {
+	__u32 slot;   /* index into an_counters and an_pod_meta */
+	__u32 flags;
+	__u32 ipv4;   /* network byte order */
+	__u32 reserved;
+};
+_Static_assert(sizeof(struct an_pod) == 16, "an_pod size");
+
+/* an_pod_ips: pod IPv4 (network byte order) -> slot, for the uplink program. */
+
+struct an_counter {
+	__u64 packets; /* wire packets: a GSO skb counts as its segments */
+	__u64 bytes;   /* L2 frame bytes without FCS, per segment */
+};
+_Static_assert(sizeof(struct an_counter) == 16, "an_counter size");
+
+/*
+ * an_counters: per-CPU array indexed by slot. class[AN_CLASS_BLOCKED] doubles
+ * as the blocked-drop counter: every blocked packet is dropped.
+ */
+struct an_pod_counters {
+	struct an_counter dir[AN_NR_DIRS][AN_NR_CLASSES];
+};
+_Static_assert(sizeof(struct an_pod_counters) == 128, "an_pod_counters size");
+
+/* an_node_ctrs[0]: per-CPU, traffic the uplink program put into the node cap class. */
+struct an_node_counters {
+	struct an_counter capped;
+	__u64 reserved[2];
+};
+_Static_assert(sizeof(struct an_node_counters) == 32, "an_node_counters size");
+
+/*
+ * an_pod_meta: array indexed by slot, userspace only. The pinned maps are the
+ * single record of attached pods, so that a restarted shaperd, the metrics
+ * exporter and the CNI plugin all see the same state.
+ */
+#define AN_META_IN_USE 1
+#define AN_META_INTERNET_FROM_POLICY 2 /* internet rate came from node policy, follows reloads */
+
+struct an_pod_meta {
+	__u32 flags;
+	__u32 host_ifindex;
+	__u32 ipv4; /* network byte order */
+	__u32 pod_ifindex;
+	__u64 ingress_rate;          /* bit/s, 0 = unlimited */
+	__u64 ingress_burst;         /* bytes, effective */
+	__u64 egress_rate;
+	__u64 egress_burst;
+	__u64 internet_egress_rate;  /* effective: min(annotation or policy, egress_rate) */
+	__u64 attached_unix_ns;
+	char k8s_namespace[64];
+	char k8s_name[256];
+	char container_id[128];
+	char ifname[16];       /* CNI_IFNAME inside the pod */
+	char host_ifname[16];
+	char netns[256];       /* CNI_NETNS as given on ADD */
+};
+_Static_assert(sizeof(struct an_pod_meta) == 800, "an_pod_meta size");
+
+/* an_ns_rates: namespace name (NUL padded) -> internet-egress rate override. */
+struct an_ns_key {
+	char name[64];
+};
+_Static_assert(sizeof(struct an_ns_key) == 64, "an_ns_key size");
+
+struct an_ns_rate {
+	__u64 internet_rate; /* bit/s, 0 = unlimited */
+};
+_Static_assert(sizeof(struct an_ns_rate) == 8, "an_ns_rate size");
+
+#endif /* ALIASNET_ABI_H */

@@ -1,0 +1,414 @@
+//! Rust mirrors of `ebpf/include/aliasnet_abi.h`.
+//!
+//! Each struct repeats the C layout field by field and asserts the same size as the
+//! header's `_Static_assert`, so a drift on either side fails the build. Constants are
+//! checked against the header text by a unit test below.
+
+use std::net::Ipv4Addr;
+
+/// Bumped whenever a layout below changes; pinned maps of another version are not reused.
+pub const ABI_VERSION: u32 = 1;
+
+pub const MAX_PODS: u32 = 1024;
+pub const MAX_PREFIXES: u32 = 65536;
+pub const LPM_MAX_ENTRIES: u32 = 131_072;
+pub const MAX_NAMESPACES: u32 = 4096;
+
+pub const CLASS_INTERNAL: u32 = 0;
+pub const CLASS_INTERNET: u32 = 1;
+pub const CLASS_BLOCKED: u32 = 2;
+pub const CLASS_OTHER: u32 = 3;
+pub const NR_CLASSES: usize = 4;
+
+pub const DIR_EGRESS: usize = 0;
+pub const DIR_INGRESS: usize = 1;
+pub const NR_DIRS: usize = 2;
+
+pub const HTB_MAJOR: u16 = 1;
+pub const CLASSID_POD_INTERNET: u32 = 0x0001_0010;
+pub const CLASSID_POD_OTHER: u32 = 0x0001_0020;
+pub const CLASSID_NODE_CAP: u32 = 0x0001_0010;
+
+pub const META_IN_USE: u32 = 1;
+pub const META_INTERNET_FROM_POLICY: u32 = 2;
+
+/// Traffic class of a packet, decided on its remote address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    Internal,
+    Internet,
+    Blocked,
+    /// Not IPv4 (ARP, IPv6): passed and counted here.
+    Other,
+}
+
+impl Class {
+    pub const ALL: [Class; NR_CLASSES] = [
+        Class::Internal,
+        Class::Internet,
+        Class::Blocked,
+        Class::Other,
+    ];
+
+    pub const fn index(self) -> usize {
+        match self {
+            Class::Internal => CLASS_INTERNAL as usize,
+            Class::Internet => CLASS_INTERNET as usize,
+            Class::Blocked => CLASS_BLOCKED as usize,
+            Class::Other => CLASS_OTHER as usize,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Class::Internal => "internal",
+            Class::Internet => "internet",
+            Class::Blocked => "blocked",
+            Class::Other => "other",
+        }
+    }
+}
+
+/// Direction seen from the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// From the pod (host veth ingress).
+    Egress,
+    /// To the pod (host veth egress).
+    Ingress,
+}
+
+impl Direction {
+    pub const ALL: [Direction; NR_DIRS] = [Direction::Egress, Direction::Ingress];
+
+    pub const fn index(self) -> usize {
+        match self {
+            Direction::Egress => DIR_EGRESS,
+            Direction::Ingress => DIR_INGRESS,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Direction::Egress => "egress",
+            Direction::Ingress => "ingress",
+        }
+    }
+}
+
+/// Data part of `struct an_lpm_key`; aya's `lpm_trie::Key<LpmKeyData>` adds the
+/// leading `prefixlen` (= 32 + IPv4 prefix length).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LpmKeyData {
+    pub gen: u32,
+    /// IPv4 octets in network order.
+    pub addr: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<aya::maps::lpm_trie::Key<LpmKeyData>>() == 12);
+
+impl LpmKeyData {
+    pub fn new(gen: u32, addr: Ipv4Addr) -> Self {
+        Self {
+            gen,
+            addr: addr.octets(),
+        }
+    }
+}
+
+/// `struct an_lpm_value`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LpmValue {
+    pub class: u32,
+    pub reserved: u32,
+}
+const _: () = assert!(core::mem::size_of::<LpmValue>() == 8);
+
+/// `struct an_config`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Config {
+    pub abi_version: u32,
+    pub active_gen: u32,
+    pub policy_epoch: u64,
+    pub default_internet_rate: u64,
+    pub node_internet_cap: u64,
+    pub uplink_ifindex: u32,
+    pub flags: u32,
+    pub reserved: [u64; 3],
+}
+const _: () = assert!(core::mem::size_of::<Config>() == 64);
+
+/// `struct an_pod`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pod {
+    pub slot: u32,
+    pub flags: u32,
+    /// IPv4 octets in network order.
+    pub ipv4: [u8; 4],
+    pub reserved: u32,
+}
+const _: () = assert!(core::mem::size_of::<Pod>() == 16);
+
+/// `struct an_counter`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(core::mem::size_of::<Counter>() == 16);
+
+impl core::ops::AddAssign for Counter {
+    fn add_assign(&mut self, rhs: Self) {
+        self.packets = self.packets.wrapping_add(rhs.packets);
+        self.bytes = self.bytes.wrapping_add(rhs.bytes);
+    }
+}
+
+/// `struct an_pod_counters`: `dir[direction][class]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodCounters {
+    pub dir: [[Counter; NR_CLASSES]; NR_DIRS],
+}
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 128);
+
+impl PodCounters {
+    pub fn get(&self, dir: Direction, class: Class) -> Counter {
+        self.dir[dir.index()][class.index()]
+    }
+}
+
+impl core::ops::AddAssign for PodCounters {
+    fn add_assign(&mut self, rhs: Self) {
+        for (a, b) in self.dir.iter_mut().zip(rhs.dir.iter()) {
+            for (x, y) in a.iter_mut().zip(b.iter()) {
+                *x += *y;
+            }
+        }
+    }
+}
+
+/// `struct an_node_counters`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeCounters {
+    pub capped: Counter,
+    pub reserved: [u64; 2],
+}
+const _: () = assert!(core::mem::size_of::<NodeCounters>() == 32);
+
+/// `struct an_pod_meta`. Strings are NUL-padded bytes.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PodMeta {
+    pub flags: u32,
+    pub host_ifindex: u32,
+    pub ipv4: [u8; 4],
+    pub pod_ifindex: u32,
+    pub ingress_rate: u64,
+    pub ingress_burst: u64,
+    pub egress_rate: u64,
+    pub egress_burst: u64,
+    pub internet_egress_rate: u64,
+    pub attached_unix_ns: u64,
+    pub k8s_namespace: [u8; 64],
+    pub k8s_name: [u8; 256],
+    pub container_id: [u8; 128],
+    pub ifname: [u8; 16],
+    pub host_ifname: [u8; 16],
+    pub netns: [u8; 256],
+}
+const _: () = assert!(core::mem::size_of::<PodMeta>() == 800);
+const _: () = assert!(core::mem::offset_of!(PodMeta, k8s_namespace) == 64);
+
+impl Default for PodMeta {
+    fn default() -> Self {
+        Self {
+            flags: 0,
+            host_ifindex: 0,
+            ipv4: [0; 4],
+            pod_ifindex: 0,
+            ingress_rate: 0,
+            ingress_burst: 0,
+            egress_rate: 0,
+            egress_burst: 0,
+            internet_egress_rate: 0,
+            attached_unix_ns: 0,
+            k8s_namespace: [0; 64],
+            k8s_name: [0; 256],
+            container_id: [0; 128],
+            ifname: [0; 16],
+            host_ifname: [0; 16],
+            netns: [0; 256],
+        }
+    }
+}
+
+impl core::fmt::Debug for PodMeta {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PodMeta")
+            .field("flags", &self.flags)
+            .field("host_ifindex", &self.host_ifindex)
+            .field("ipv4", &Ipv4Addr::from(self.ipv4))
+            .field("pod_ifindex", &self.pod_ifindex)
+            .field("ingress_rate", &self.ingress_rate)
+            .field("ingress_burst", &self.ingress_burst)
+            .field("egress_rate", &self.egress_rate)
+            .field("egress_burst", &self.egress_burst)
+            .field("internet_egress_rate", &self.internet_egress_rate)
+            .field("k8s_namespace", &cstr(&self.k8s_namespace))
+            .field("k8s_name", &cstr(&self.k8s_name))
+            .field("container_id", &cstr(&self.container_id))
+            .field("ifname", &cstr(&self.ifname))
+            .field("host_ifname", &cstr(&self.host_ifname))
+            .field("netns", &cstr(&self.netns))
+            .finish()
+    }
+}
+
+/// `struct an_ns_key`: a namespace name, NUL padded.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NsKey {
+    pub name: [u8; 64],
+}
+const _: () = assert!(core::mem::size_of::<NsKey>() == 64);
+
+/// `struct an_ns_rate`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NsRate {
+    pub internet_rate: u64,
+}
+const _: () = assert!(core::mem::size_of::<NsRate>() == 8);
+
+// SAFETY: all of these are `#[repr(C)]`, made only of integers and byte arrays, with no
+// implicit padding (sizes asserted above equal the sum of their fields), so every bit
+// pattern is valid and they can be copied to and from map memory.
+unsafe impl aya::Pod for LpmKeyData {}
+unsafe impl aya::Pod for LpmValue {}
+unsafe impl aya::Pod for Config {}
+unsafe impl aya::Pod for Pod {}
+unsafe impl aya::Pod for Counter {}
+unsafe impl aya::Pod for PodCounters {}
+unsafe impl aya::Pod for NodeCounters {}
+unsafe impl aya::Pod for PodMeta {}
+unsafe impl aya::Pod for NsKey {}
+unsafe impl aya::Pod for NsRate {}
+
+/// Copies `s` into a NUL-padded fixed buffer; `None` if it does not fit with a trailing NUL.
+pub fn fixed_str<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let b = s.as_bytes();
+    if b.len() >= N || b.contains(&0) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    out[..b.len()].copy_from_slice(b);
+    Some(out)
+}
+
+/// The string in a NUL-padded buffer (lossy on invalid UTF-8, which we never write).
+pub fn cstr(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+impl NsKey {
+    pub fn new(name: &str) -> Option<Self> {
+        fixed_str::<64>(name).map(|name| Self { name })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = include_str!("../include/aliasnet_abi.h");
+
+    fn define(name: &str) -> u64 {
+        let line = HEADER
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
+            .unwrap_or_else(|| panic!("#define {name} not in aliasnet_abi.h"));
+        let v = line.split_whitespace().nth(2).expect("value");
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).expect("hex"),
+            None => v.parse().expect("decimal"),
+        }
+    }
+
+    #[test]
+    fn constants_match_header() {
+        let pairs: &[(&str, u64)] = &[
+            ("AN_ABI_VERSION", ABI_VERSION.into()),
+            ("AN_MAX_PODS", MAX_PODS.into()),
+            ("AN_MAX_PREFIXES", MAX_PREFIXES.into()),
+            ("AN_LPM_MAX_ENTRIES", LPM_MAX_ENTRIES.into()),
+            ("AN_MAX_NAMESPACES", MAX_NAMESPACES.into()),
+            ("AN_CLASS_INTERNAL", CLASS_INTERNAL.into()),
+            ("AN_CLASS_INTERNET", CLASS_INTERNET.into()),
+            ("AN_CLASS_BLOCKED", CLASS_BLOCKED.into()),
+            ("AN_CLASS_OTHER", CLASS_OTHER.into()),
+            ("AN_NR_CLASSES", NR_CLASSES as u64),
+            ("AN_DIR_EGRESS", DIR_EGRESS as u64),
+            ("AN_DIR_INGRESS", DIR_INGRESS as u64),
+            ("AN_NR_DIRS", NR_DIRS as u64),
+            ("AN_HTB_MAJOR", HTB_MAJOR.into()),
+            ("AN_CLASSID_POD_INTERNET", CLASSID_POD_INTERNET.into()),
+            ("AN_CLASSID_POD_OTHER", CLASSID_POD_OTHER.into()),
+            ("AN_CLASSID_NODE_CAP", CLASSID_NODE_CAP.into()),
+            ("AN_META_IN_USE", META_IN_USE.into()),
+            (
+                "AN_META_INTERNET_FROM_POLICY",
+                META_INTERNET_FROM_POLICY.into(),
+            ),
+        ];
+        for (name, rust) in pairs {
+            assert_eq!(
+                define(name),
+                *rust,
+                "{name} differs between aliasnet_abi.h and abi.rs"
+            );
+        }
+    }
+
+    #[test]
+    fn struct_sizes_match_header() {
+        // The header asserts these numbers with _Static_assert; compare the text so both
+        // sides are tied to the same literal.
+        let sizes: &[(&str, usize)] = &[
+            (
+                "an_lpm_key",
+                core::mem::size_of::<aya::maps::lpm_trie::Key<LpmKeyData>>(),
+            ),
+            ("an_lpm_value", core::mem::size_of::<LpmValue>()),
+            ("an_config", core::mem::size_of::<Config>()),
+            ("an_pod", core::mem::size_of::<Pod>()),
+            ("an_counter", core::mem::size_of::<Counter>()),
+            ("an_pod_counters", core::mem::size_of::<PodCounters>()),
+            ("an_node_counters", core::mem::size_of::<NodeCounters>()),
+            ("an_pod_meta", core::mem::size_of::<PodMeta>()),
+            ("an_ns_key", core::mem::size_of::<NsKey>()),
+            ("an_ns_rate", core::mem::size_of::<NsRate>()),
+        ];
+        for (name, size) in sizes {
+            let needle = format!("_Static_assert(sizeof(struct {name}) == {size},");
+            assert!(HEADER.contains(&needle), "missing or different: {needle}");
+        }
+    }
+
+    #[test]
+    fn fixed_strings() {
+        assert_eq!(cstr(&fixed_str::<8>("abc").unwrap()), "abc");
+        assert!(fixed_str::<4>("abcd").is_none(), "needs room for the NUL");
+        assert!(fixed_str::<8>("a\0b").is_none());
+        assert_eq!(
+            NsKey::new("kube-system").map(|k| cstr(&k.name)).as_deref(),
+            Some("kube-system")
+        );
+    }
+}

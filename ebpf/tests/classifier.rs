@@ -1,0 +1,656 @@
+//! `BPF_PROG_TEST_RUN` tests of the datapath programs on packets built here.
+//!
+//! Needs root (loads BPF programs); touches no network state: test runs use the
+//! loopback device of the test's own network namespace as `skb->dev`, so the
+//! "pod" is registered under ifindex 1. Maps are private to each test (not pinned).
+
+use std::net::Ipv4Addr;
+
+use aliasnet_ebpf::{abi, maps, programs, DATAPATH_OBJECT};
+use aya::{
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+    Ebpf, EbpfLoader,
+};
+
+const TC_ACT_UNSPEC: u32 = u32::MAX; // -1
+const TC_ACT_SHOT: u32 = 2;
+/// `skb->dev` in BPF_PROG_TEST_RUN is the loopback device unless ctx names another.
+const TEST_IFINDEX: u32 = 1;
+const SLOT: u32 = 7;
+const POD_IP: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 5);
+
+// struct __sk_buff (uapi/linux/bpf.h): the fields a test run may set or read back.
+const SKB_SIZE: usize = 192;
+const SKB_PRIORITY: usize = 32;
+const SKB_GSO_SEGS: usize = 164;
+const SKB_GSO_SIZE: usize = 176;
+
+fn require_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "eBPF tests must run as root in CI"
+    );
+    eprintln!("skipping: eBPF tests need root");
+    false
+}
+
+struct Fixture {
+    ebpf: Ebpf,
+}
+
+impl Fixture {
+    /// Loads the object with private maps, all programs, and the pod registered at SLOT.
+    fn new() -> Self {
+        let mut ebpf = EbpfLoader::new()
+            .load(DATAPATH_OBJECT)
+            .expect("load datapath object");
+        for name in programs::ALL {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("program {name} missing"))
+                .try_into()
+                .expect("classifier");
+            prog.load()
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+        }
+        let mut f = Self { ebpf };
+        f.set_config(0);
+        let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
+        pods.insert(
+            TEST_IFINDEX,
+            abi::Pod {
+                slot: SLOT,
+                ipv4: POD_IP.octets(),
+                ..Default::default()
+            },
+            0,
+        )
+        .expect("register pod");
+        let mut ips: HashMap<_, [u8; 4], u32> = f.map(maps::POD_IPS);
+        ips.insert(POD_IP.octets(), SLOT, 0)
+            .expect("register pod ip");
+        f
+    }
+
+    fn map<T>(&mut self, name: &str) -> T
+    where
+        T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+    {
+        // A fresh typed handle on the same kernel object each time, so a test can hold
+        // several views; the Ebpf keeps the original (and the programs reference it).
+        let map = self
+            .ebpf
+            .map(name)
+            .unwrap_or_else(|| panic!("map {name} missing"));
+        let (data, wrap): (&MapData, fn(MapData) -> aya::maps::Map) = match map {
+            aya::maps::Map::Array(m) => (m, aya::maps::Map::Array),
+            aya::maps::Map::HashMap(m) => (m, aya::maps::Map::HashMap),
+            aya::maps::Map::LpmTrie(m) => (m, aya::maps::Map::LpmTrie),
+            aya::maps::Map::PerCpuArray(m) => (m, aya::maps::Map::PerCpuArray),
+            other => panic!("unexpected map type {other:?}"),
+        };
+        let id = data.info().expect("map info").id();
+        T::try_from(wrap(MapData::from_id(id).expect("reopen map"))).expect("typed map")
+    }
+
+    fn set_config(&mut self, active_gen: u32) {
+        let mut cfg: Array<_, abi::Config> = self.map(maps::CONFIG);
+        cfg.set(
+            0,
+            abi::Config {
+                abi_version: abi::ABI_VERSION,
+                active_gen,
+                ..Default::default()
+            },
+            0,
+        )
+        .expect("set config");
+    }
+
+    fn prefix(&mut self, gen: u32, cidr: (Ipv4Addr, u32), class: u32) {
+        let mut trie: LpmTrie<_, abi::LpmKeyData, abi::LpmValue> = self.map(maps::PREFIXES);
+        trie.insert(
+            &Key::new(32 + cidr.1, abi::LpmKeyData::new(gen, cidr.0)),
+            abi::LpmValue { class, reserved: 0 },
+            0,
+        )
+        .expect("insert prefix");
+    }
+
+    fn run(&self, prog: &str, pkt: &[u8], ctx: Option<&[u8; SKB_SIZE]>) -> (u32, [u8; SKB_SIZE]) {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(prog)
+            .expect("program")
+            .try_into()
+            .expect("classifier");
+        let mut out = vec![0u8; pkt.len() + 256];
+        let mut ctx_out = [0u8; SKB_SIZE];
+        let default_ctx = [0u8; SKB_SIZE];
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx.unwrap_or(&default_ctx)),
+                ctx_out: Some(&mut ctx_out),
+                ..TestRunOptions::new()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        (res.return_value, ctx_out)
+    }
+
+    fn counters(&mut self) -> abi::PodCounters {
+        let arr: PerCpuArray<_, abi::PodCounters> = self.map(maps::COUNTERS);
+        let mut total = abi::PodCounters::default();
+        for v in arr.get(&SLOT, 0).expect("counters").iter() {
+            total += *v;
+        }
+        total
+    }
+
+    fn node_counters(&mut self) -> abi::NodeCounters {
+        let arr: PerCpuArray<_, abi::NodeCounters> = self.map(maps::NODE_COUNTERS);
+        let mut total = abi::Counter::default();
+        for v in arr.get(&0, 0).expect("node counters").iter() {
+            total += v.capped;
+        }
+        abi::NodeCounters {
+            capped: total,
+            reserved: [0; 2],
+        }
+    }
+
+    /// The node policy most tests use.
+    fn with_policy() -> Self {
+        let mut f = Self::new();
+        f.prefix(0, (Ipv4Addr::new(10, 0, 0, 0), 8), abi::CLASS_INTERNAL);
+        f.prefix(
+            0,
+            (Ipv4Addr::new(169, 254, 169, 254), 32),
+            abi::CLASS_BLOCKED,
+        );
+        f.prefix(0, (Ipv4Addr::new(10, 99, 0, 0), 16), abi::CLASS_BLOCKED);
+        f.prefix(0, (Ipv4Addr::new(10, 99, 7, 0), 24), abi::CLASS_INTERNAL);
+        f
+    }
+}
+
+// ---- packet builders ------------------------------------------------------------------
+
+const ETH_HLEN: usize = 14;
+
+fn eth(ethertype: u16) -> Vec<u8> {
+    let mut p = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+    p.extend_from_slice(&ethertype.to_be_bytes());
+    p
+}
+
+fn csum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+struct Ip {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    options: Vec<u8>,
+    /// (more fragments, offset in 8-byte units)
+    frag: (bool, u16),
+    payload: Vec<u8>,
+}
+
+impl Ip {
+    fn new(src: Ipv4Addr, dst: Ipv4Addr) -> Self {
+        // ICMP echo request with 100 bytes of data, as `ping -s 100` sends.
+        let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+        icmp.extend(std::iter::repeat_n(0xab, 100));
+        let c = csum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        Self {
+            src,
+            dst,
+            proto: 1,
+            options: Vec::new(),
+            frag: (false, 0),
+            payload: icmp,
+        }
+    }
+
+    fn build(&self) -> Vec<u8> {
+        assert_eq!(self.options.len() % 4, 0);
+        let ihl = 5 + self.options.len() / 4;
+        let total = ihl * 4 + self.payload.len();
+        let frag = (u16::from(self.frag.0) << 13) | self.frag.1;
+        let mut h = vec![(4 << 4) | ihl as u8, 0];
+        h.extend_from_slice(&(total as u16).to_be_bytes());
+        h.extend_from_slice(&[0x4a, 0x11]);
+        h.extend_from_slice(&frag.to_be_bytes());
+        h.extend_from_slice(&[64, self.proto, 0, 0]);
+        h.extend_from_slice(&self.src.octets());
+        h.extend_from_slice(&self.dst.octets());
+        h.extend_from_slice(&self.options);
+        let c = csum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut p = eth(0x0800);
+        p.extend(h);
+        p.extend_from_slice(&self.payload);
+        p
+    }
+}
+
+fn arp_request() -> Vec<u8> {
+    let mut p = eth(0x0806);
+    p.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+    p.extend_from_slice(&POD_IP.octets());
+    p.extend_from_slice(&[0; 6]);
+    p.extend_from_slice(&[169, 254, 1, 1]);
+    p
+}
+
+/// A TCP segment with a 32-byte header (timestamps) and `len` bytes of payload.
+fn tcp(src: Ipv4Addr, dst: Ipv4Addr, len: usize) -> Ip {
+    let mut seg = vec![0u8; 32 + len];
+    seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    seg[2..4].copy_from_slice(&443u16.to_be_bytes());
+    seg[12] = 8 << 4; // data offset: 8 words
+    seg[13] = 0x10; // ACK
+    seg[20..22].copy_from_slice(&[1, 1]); // NOP NOP
+    seg[22..24].copy_from_slice(&[8, 10]); // timestamp option header
+    Ip {
+        proto: 6,
+        payload: seg,
+        ..Ip::new(src, dst)
+    }
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().expect("address")
+}
+
+fn c(packets: u64, bytes: usize) -> abi::Counter {
+    abi::Counter {
+        packets,
+        bytes: bytes as u64,
+    }
+}
+
+/// Counters with exactly the given (direction, class) cells set.
+fn expect(cells: &[(abi::Direction, abi::Class, abi::Counter)]) -> abi::PodCounters {
+    let mut out = abi::PodCounters::default();
+    for &(d, k, v) in cells {
+        out.dir[d.index()][k.index()] += v;
+    }
+    out
+}
+
+use abi::{Class::*, Direction::*};
+
+// ---- tests ----------------------------------------------------------------------------
+
+#[test]
+fn pod_egress_internal_internet_blocked() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let internal = Ip::new(POD_IP, ip("10.1.2.3")).build();
+    let internet = Ip::new(POD_IP, ip("203.0.113.9")).build();
+    let metadata = Ip::new(POD_IP, ip("169.254.169.254")).build();
+    assert_eq!(internal.len(), 142);
+
+    for _ in 0..3 {
+        assert_eq!(
+            f.run(programs::HOST_INGRESS, &internal, None).0,
+            TC_ACT_UNSPEC
+        );
+    }
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &internet, None).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &metadata, None).0,
+        TC_ACT_SHOT
+    );
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &metadata, None).0,
+        TC_ACT_SHOT
+    );
+
+    assert_eq!(
+        f.counters(),
+        expect(&[
+            (Egress, Internal, c(3, 3 * 142)),
+            (Egress, Internet, c(1, 142)),
+            (Egress, Blocked, c(2, 2 * 142)),
+        ])
+    );
+}
+
+#[test]
+fn pod_ingress_is_classed_on_the_source() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    // Destination is the pod; the remote end is the source.
+    let from_internal = Ip::new(ip("10.3.3.3"), POD_IP).build();
+    let from_internet = Ip::new(ip("198.51.100.7"), POD_IP).build();
+    let from_blocked = Ip::new(ip("10.99.1.1"), POD_IP).build();
+    assert_eq!(
+        f.run(programs::HOST_EGRESS, &from_internal, None).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(
+        f.run(programs::HOST_EGRESS, &from_internet, None).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(
+        f.run(programs::HOST_EGRESS, &from_blocked, None).0,
+        TC_ACT_SHOT
+    );
+    // A packet *to* a blocked address seen on the ingress path is classed by its source.
+    let to_blocked_from_internet = Ip::new(ip("198.51.100.7"), ip("169.254.169.254")).build();
+    assert_eq!(
+        f.run(programs::HOST_EGRESS, &to_blocked_from_internet, None)
+            .0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(
+        f.counters(),
+        expect(&[
+            (Ingress, Internal, c(1, 142)),
+            (Ingress, Internet, c(2, 2 * 142)),
+            (Ingress, Blocked, c(1, 142)),
+        ])
+    );
+}
+
+#[test]
+fn most_specific_prefix_wins() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    // 10/8 internal, 10.99/16 blocked inside it, 10.99.7/24 internal inside that.
+    let cases = [
+        ("10.98.0.1", TC_ACT_UNSPEC, Internal),
+        ("10.99.0.1", TC_ACT_SHOT, Blocked),
+        ("10.99.7.200", TC_ACT_UNSPEC, Internal),
+        ("10.99.8.1", TC_ACT_SHOT, Blocked),
+        ("11.0.0.1", TC_ACT_UNSPEC, Internet),
+        ("169.254.169.253", TC_ACT_UNSPEC, Internet),
+    ];
+    let mut want = abi::PodCounters::default();
+    for (dst, verdict, class) in cases {
+        let pkt = Ip::new(POD_IP, ip(dst)).build();
+        assert_eq!(
+            f.run(programs::HOST_INGRESS, &pkt, None).0,
+            verdict,
+            "dst {dst}"
+        );
+        want.dir[Egress.index()][class.index()] += c(1, pkt.len());
+    }
+    assert_eq!(f.counters(), want);
+}
+
+#[test]
+fn ipv4_options_do_not_move_the_addresses() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    // Record-route option (type 7) filling 36 bytes of options: IHL 14.
+    let mut rr = vec![7, 35, 4];
+    rr.resize(35, 0);
+    rr.push(0); // end of options list
+    let internet = Ip {
+        options: rr.clone(),
+        ..Ip::new(POD_IP, ip("203.0.113.77"))
+    }
+    .build();
+    let blocked = Ip {
+        options: vec![1, 1, 1, 0], // NOP NOP NOP EOL
+        ..Ip::new(POD_IP, ip("169.254.169.254"))
+    }
+    .build();
+    assert_eq!(internet[ETH_HLEN] & 0x0f, 14);
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &internet, None).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(f.run(programs::HOST_INGRESS, &blocked, None).0, TC_ACT_SHOT);
+    assert_eq!(
+        f.counters(),
+        expect(&[
+            (Egress, Internet, c(1, internet.len())),
+            (Egress, Blocked, c(1, blocked.len())),
+        ])
+    );
+}
+
+#[test]
+fn non_ip_passes_and_is_counted_as_other() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let arp = arp_request();
+    // IPv6 header (40 bytes) + 8 bytes: not classified (the pods are IPv4 only).
+    let mut v6 = eth(0x86dd);
+    v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
+    v6.extend_from_slice(&[0u8; 40]);
+    // Ethertype says IPv4 but the header is bad (IHL 3): the stack drops it, we pass it.
+    let mut bad = Ip::new(POD_IP, ip("169.254.169.254")).build();
+    bad[ETH_HLEN] = 0x43;
+    assert_eq!(f.run(programs::HOST_INGRESS, &arp, None).0, TC_ACT_UNSPEC);
+    assert_eq!(f.run(programs::HOST_EGRESS, &arp, None).0, TC_ACT_UNSPEC);
+    assert_eq!(f.run(programs::HOST_INGRESS, &v6, None).0, TC_ACT_UNSPEC);
+    assert_eq!(f.run(programs::HOST_INGRESS, &bad, None).0, TC_ACT_UNSPEC);
+    assert_eq!(
+        f.counters(),
+        expect(&[
+            (Egress, Other, c(3, arp.len() + v6.len() + bad.len())),
+            (Ingress, Other, c(1, arp.len())),
+        ])
+    );
+}
+
+#[test]
+fn fragments_are_classed_by_address() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    // First fragment (MF, offset 0) and a later one (offset 185*8 bytes) whose payload is
+    // mid-datagram data, not an L4 header.
+    let first = Ip {
+        frag: (true, 0),
+        ..Ip::new(POD_IP, ip("203.0.113.5"))
+    }
+    .build();
+    let later = Ip {
+        frag: (false, 185),
+        proto: 17,
+        payload: vec![0xee; 60],
+        ..Ip::new(POD_IP, ip("203.0.113.5"))
+    }
+    .build();
+    let later_blocked = Ip {
+        frag: (true, 370),
+        proto: 17,
+        payload: vec![0xee; 16],
+        ..Ip::new(POD_IP, ip("10.99.200.1"))
+    }
+    .build();
+    let later_internal = Ip {
+        frag: (false, 1),
+        proto: 6,
+        payload: vec![0x01; 8],
+        ..Ip::new(POD_IP, ip("10.4.0.1"))
+    }
+    .build();
+    assert_eq!(f.run(programs::HOST_INGRESS, &first, None).0, TC_ACT_UNSPEC);
+    assert_eq!(f.run(programs::HOST_INGRESS, &later, None).0, TC_ACT_UNSPEC);
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &later_blocked, None).0,
+        TC_ACT_SHOT
+    );
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &later_internal, None).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(
+        f.counters(),
+        expect(&[
+            (Egress, Internet, c(2, first.len() + later.len())),
+            (Egress, Blocked, c(1, later_blocked.len())),
+            (Egress, Internal, c(1, later_internal.len())),
+        ])
+    );
+}
+
+#[test]
+fn gso_packets_count_every_segment() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    // One skb carrying 3 segments of 1000 bytes: eth 14 + ip 20 + tcp 32 = 66 header bytes
+    // repeated on each wire packet.
+    let pkt = tcp(POD_IP, ip("203.0.113.1"), 3000).build();
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&3u32.to_ne_bytes());
+    ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&1000u32.to_ne_bytes());
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &pkt, Some(&ctx)).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(pkt.len(), 66 + 3000);
+    assert_eq!(
+        f.counters(),
+        expect(&[(Egress, Internet, c(3, 3 * (66 + 1000)))])
+    );
+}
+
+#[test]
+fn policy_generation_switch_is_atomic() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::new();
+    f.prefix(0, (ip("203.0.113.0"), 24), abi::CLASS_INTERNAL);
+    f.prefix(1, (ip("203.0.113.0"), 24), abi::CLASS_BLOCKED);
+    let pkt = Ip::new(POD_IP, ip("203.0.113.10")).build();
+    assert_eq!(f.run(programs::HOST_INGRESS, &pkt, None).0, TC_ACT_UNSPEC);
+    f.set_config(1);
+    assert_eq!(f.run(programs::HOST_INGRESS, &pkt, None).0, TC_ACT_SHOT);
+    assert_eq!(
+        f.counters(),
+        expect(&[
+            (Egress, Internal, c(1, pkt.len())),
+            (Egress, Blocked, c(1, pkt.len())),
+        ])
+    );
+}
+
+#[test]
+fn unregistered_device_is_enforced_but_not_counted() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
+    pods.remove(&TEST_IFINDEX).expect("unregister");
+    let blocked = Ip::new(POD_IP, ip("169.254.169.254")).build();
+    let internet = Ip::new(POD_IP, ip("203.0.113.9")).build();
+    assert_eq!(f.run(programs::HOST_INGRESS, &blocked, None).0, TC_ACT_SHOT);
+    assert_eq!(
+        f.run(programs::HOST_INGRESS, &internet, None).0,
+        TC_ACT_UNSPEC
+    );
+    assert_eq!(f.counters(), abi::PodCounters::default());
+}
+
+#[test]
+fn pod_egress_selects_the_htb_class() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let prio = |ctx: &[u8; SKB_SIZE]| {
+        u32::from_ne_bytes(
+            ctx[SKB_PRIORITY..SKB_PRIORITY + 4]
+                .try_into()
+                .expect("4 bytes"),
+        )
+    };
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&6u32.to_ne_bytes());
+    let cases = [
+        (
+            Ip::new(POD_IP, ip("203.0.113.1")).build(),
+            abi::CLASSID_POD_INTERNET,
+        ),
+        (
+            Ip::new(POD_IP, ip("10.1.1.1")).build(),
+            abi::CLASSID_POD_OTHER,
+        ),
+        (
+            Ip::new(POD_IP, ip("169.254.169.254")).build(),
+            abi::CLASSID_POD_OTHER,
+        ),
+        (arp_request(), abi::CLASSID_POD_OTHER),
+    ];
+    for (pkt, want) in cases {
+        let (ret, out) = f.run(programs::POD_EGRESS, &pkt, Some(&ctx));
+        assert_eq!(ret, TC_ACT_UNSPEC, "the pod-side program never drops");
+        assert_eq!(prio(&out), want);
+    }
+    // It only selects; counting happens once, on the host side.
+    assert_eq!(f.counters(), abi::PodCounters::default());
+}
+
+#[test]
+fn uplink_caps_only_pod_internet_traffic() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let prio = |ctx: &[u8; SKB_SIZE]| {
+        u32::from_ne_bytes(
+            ctx[SKB_PRIORITY..SKB_PRIORITY + 4]
+                .try_into()
+                .expect("4 bytes"),
+        )
+    };
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&3u32.to_ne_bytes());
+    let pod_internet = Ip::new(POD_IP, ip("203.0.113.1")).build();
+    let cases = [
+        (pod_internet.clone(), abi::CLASSID_NODE_CAP),
+        // Internal traffic of a pod and anything the node itself sends keep their priority.
+        (Ip::new(POD_IP, ip("10.1.1.1")).build(), 3),
+        (Ip::new(ip("10.20.0.6"), ip("203.0.113.1")).build(), 3),
+        (arp_request(), 3),
+    ];
+    for (pkt, want) in cases {
+        let (ret, out) = f.run(programs::UPLINK, &pkt, Some(&ctx));
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        assert_eq!(prio(&out), want);
+    }
+    assert_eq!(f.node_counters().capped, c(1, pod_internet.len()));
+}

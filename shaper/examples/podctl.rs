@@ -1,0 +1,128 @@
+//! Development tool: attach/detach/show a pod by hand (benchmarks and experiments).
+//!
+//! ```sh
+//! nsenter --net=/run/netns/node podctl --pin-root /sys/fs/bpf/aliasnet attach vh1 /run/netns/pod 10.20.0.5 \
+//!     [--ingress-rate 10M] [--egress-rate 1G] [--internet-rate 10M]
+//! nsenter --net=/run/netns/node podctl detach
+//! nsenter --net=/run/netns/node podctl show
+//! ```
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use aliasnet_shaper::{
+    abi::{Class, Direction},
+    limits::parse_quantity,
+    CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity,
+};
+use anyhow::{anyhow, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = aliasnet_shaper::DEFAULT_PIN_ROOT)]
+    pin_root: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Attach {
+        host_ifname: String,
+        netns: PathBuf,
+        ip: std::net::Ipv4Addr,
+        #[arg(long, default_value = "podctl-0")]
+        container_id: String,
+        #[arg(long, value_parser = rate)]
+        ingress_rate: Option<u64>,
+        #[arg(long, value_parser = rate)]
+        egress_rate: Option<u64>,
+        #[arg(long, value_parser = rate)]
+        internet_rate: Option<u64>,
+    },
+    Detach {
+        #[arg(long, default_value = "podctl-0")]
+        container_id: String,
+    },
+    Show,
+}
+
+fn rate(s: &str) -> Result<u64, String> {
+    parse_quantity(s)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let mut dp = Datapath::open(&args.pin_root)?;
+    match args.cmd {
+        Cmd::Attach {
+            host_ifname,
+            netns,
+            ip,
+            container_id,
+            ingress_rate,
+            egress_rate,
+            internet_rate,
+        } => {
+            let mut ann = BTreeMap::new();
+            if let Some(r) = internet_rate {
+                ann.insert(
+                    aliasnet_shaper::limits::ANNOTATION_INTERNET_EGRESS.to_owned(),
+                    r.to_string(),
+                );
+            }
+            let limits = Limits::from_cni(
+                CniBandwidth {
+                    ingress_rate,
+                    egress_rate,
+                    ..Default::default()
+                },
+                &ann,
+            )?;
+            let a = dp.attach_pod(&PodAttachment {
+                host_ifname,
+                netns,
+                identity: PodIdentity {
+                    namespace: "default".into(),
+                    name: "podctl".into(),
+                    container_id,
+                    ifname: "eth0".into(),
+                    ip,
+                },
+                limits,
+            })?;
+            eprintln!("{a:#?}");
+        }
+        Cmd::Detach { container_id } => {
+            if !dp.detach_pod(&container_id, "eth0")? {
+                return Err(anyhow!("nothing attached for {container_id}"));
+            }
+        }
+        Cmd::Show => {
+            for p in dp.pods()? {
+                eprintln!(
+                    "slot {} {}/{} {} {}",
+                    p.slot,
+                    p.namespace(),
+                    p.name(),
+                    p.ip(),
+                    p.host_ifname()
+                );
+                for d in Direction::ALL {
+                    for c in Class::ALL {
+                        let v = p.counters.get(d, c);
+                        eprintln!(
+                            "  {:7} {:8} packets {:>10} bytes {:>14}",
+                            d.name(),
+                            c.name(),
+                            v.packets,
+                            v.bytes
+                        );
+                    }
+                }
+                eprintln!("  {:?}", dp.shaping_stats(&p)?);
+            }
+        }
+    }
+    Ok(())
+}

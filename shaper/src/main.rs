@@ -1,0 +1,192 @@
+//! aliasnet-shaperd: loads and pins the eBPF datapath, applies node policy, reloads it on
+//! change (file poll and SIGHUP), and removes attachments of pods that vanished without a
+//! CNI DEL. Exiting (SIGTERM, crash, upgrade) detaches nothing: pods keep their programs,
+//! shaping and counters through the pins, and the next start reuses them.
+
+use std::{
+    io::IsTerminal,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use aliasnet_shaper::{Datapath, Policy, DEFAULT_PIN_ROOT, DEFAULT_POLICY_PATH};
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+#[derive(Parser, Debug)]
+#[command(name = "aliasnet-shaperd", version, about)]
+struct Args {
+    /// Node policy file.
+    #[arg(long, default_value = DEFAULT_POLICY_PATH)]
+    config: PathBuf,
+    /// bpffs directory for pinned programs, maps and links.
+    #[arg(long, default_value = DEFAULT_PIN_ROOT)]
+    pin_root: PathBuf,
+    /// Seconds between checks of the policy file for changes (SIGHUP reloads at once).
+    #[arg(long, default_value_t = 2)]
+    poll_interval: u64,
+    /// Seconds between sweeps for attachments whose host veth is gone.
+    #[arg(long, default_value_t = 60)]
+    gc_interval: u64,
+    /// Validate the policy file and exit.
+    #[arg(long)]
+    check: bool,
+    /// Install the datapath, apply the policy once and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+/// The policy file's contents: `None` if it does not exist (then defaults apply).
+fn read_policy_text(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("read policy {}", path.display())),
+    }
+}
+
+fn parse_policy(path: &Path, text: Option<&str>) -> Result<Policy> {
+    match text {
+        Some(t) => Policy::parse(t)
+            .map_err(|reason| anyhow::anyhow!("policy {}: {reason}", path.display())),
+        None => Ok(Policy::default()),
+    }
+}
+
+struct Daemon {
+    args: Args,
+    dp: Datapath,
+    /// Text of the last policy seen (applied or rejected), to act once per change.
+    seen: Option<Option<String>>,
+}
+
+impl Daemon {
+    /// Reads the policy and applies it if it changed since last time (or `force`). An invalid
+    /// or unappliable policy is logged and the applied one stays.
+    fn reload(&mut self, force: bool) -> Result<()> {
+        let text = read_policy_text(&self.args.config)?;
+        if !force && self.seen.as_ref() == Some(&text) {
+            return Ok(());
+        }
+        self.seen = Some(text.clone());
+        if text.is_none() {
+            warn!(path = %self.args.config.display(), "no policy file: using defaults (cloud metadata blocked, all traffic internet, no limits)");
+        }
+        let policy = parse_policy(&self.args.config, text.as_deref())?;
+        let report = self.dp.apply_policy(&policy).context("apply policy")?;
+        info!(
+            epoch = report.epoch,
+            prefixes = report.prefixes,
+            namespaces = report.namespaces,
+            uplink = ?report.uplink,
+            pods_updated = report.pods_updated,
+            "policy applied"
+        );
+        for e in &report.pod_errors {
+            warn!("pod not updated to the new policy: {e}");
+        }
+        Ok(())
+    }
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let args = Args::parse();
+
+    if args.check {
+        let text = read_policy_text(&args.config)?;
+        let policy = parse_policy(&args.config, text.as_deref())?;
+        info!(
+            prefixes = policy.prefixes().len(),
+            namespaces = policy.namespaces.len(),
+            "policy {} is valid",
+            args.config.display()
+        );
+        return Ok(());
+    }
+
+    let (dp, report) = Datapath::install(&args.pin_root)
+        .with_context(|| format!("install datapath under {}", args.pin_root.display()))?;
+    info!(
+        root = %args.pin_root.display(),
+        created_maps = ?report.created_maps,
+        pinned = ?report.pinned_programs,
+        upgraded = ?report.upgraded_programs,
+        relinked = report.relinked,
+        "datapath installed"
+    );
+    let first_start = dp.config()?.policy_epoch == 0;
+    let mut daemon = Daemon {
+        args,
+        dp,
+        seen: None,
+    };
+    if let Err(e) = daemon.reload(true) {
+        // With a policy already applied (a restart), keep it and wait for a fixed file;
+        // on a fresh node there is nothing safe to run with.
+        if first_start {
+            return Err(e);
+        }
+        error!("{e:#}; keeping the policy applied before the restart");
+    }
+    if daemon.args.once {
+        return Ok(());
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(run(daemon))
+}
+
+async fn run(mut daemon: Daemon) -> Result<()> {
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut poll = tokio::time::interval(Duration::from_secs(daemon.args.poll_interval.max(1)));
+    let mut gc = tokio::time::interval(Duration::from_secs(daemon.args.gc_interval.max(1)));
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    info!("running; SIGHUP reloads the policy, SIGTERM exits leaving the datapath in place");
+    loop {
+        // The datapath calls are short and blocking (bpf syscalls, netlink): run inline on
+        // this single-threaded runtime.
+        tokio::select! {
+            _ = hup.recv() => {
+                info!("SIGHUP: reloading policy");
+                if let Err(e) = daemon.reload(true) {
+                    error!("{e:#}; the previous policy stays applied");
+                }
+            }
+            _ = poll.tick() => {
+                if let Err(e) = daemon.reload(false) {
+                    error!("{e:#}; the previous policy stays applied");
+                }
+            }
+            _ = gc.tick() => {
+                match daemon.dp.gc() {
+                    Ok(removed) if !removed.is_empty() => info!(count = removed.len(), "stale attachments removed"),
+                    Ok(_) => {}
+                    Err(e) => warn!("gc: {e}"),
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    info!(
+        "exiting; programs, links and counters stay pinned under {}",
+        daemon.args.pin_root.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! Node policy: `/etc/aliasnet/shaper.toml`.
+//!
+//! ```toml
+//! # Destinations that are "internal" (VNet, pod and service ranges). Everything else is internet.
+//! internal_cidrs = ["10.0.0.0/8", "172.16.0.0/12"]
+//! # Destinations that are dropped (other clusters, ...). Most specific prefix wins across both
+//! # lists; the same prefix in both is blocked.
+//! blocked_cidrs = ["10.99.0.0/16"]
+//! # Adds 169.254.169.254/32 and 168.63.129.16/32 to blocked_cidrs (default true).
+//! block_cloud_metadata = true
+//! # Default internet-egress limit per pod (bit/s: integer or quantity like "100M"; omit or
+//! # "unlimited" for none). A pod's aliasnet.io/internet-egress-bandwidth annotation overrides it.
+//! pod_internet_egress_rate = "100M"
+//! # Cap on all pods' internet egress together, enforced on the uplink (omit for none).
+//! node_internet_egress_cap = "1G"
+//! # Uplink for the node cap (default: the interface of the IPv4 default route).
+//! uplink = "eth0"
+//!
+//! [namespaces.research]
+//! internet_egress_rate = "1G"      # or "unlimited"
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    str::FromStr,
+};
+
+use aliasnet_ebpf::abi;
+use serde::Deserialize;
+
+use crate::limits::{check_rate, parse_quantity};
+
+/// Default location of the node policy.
+pub const DEFAULT_POLICY_PATH: &str = "/etc/aliasnet/shaper.toml";
+
+/// Cloud metadata endpoints blocked unless `block_cloud_metadata = false`: the instance
+/// metadata service (AWS, GCP, Azure IMDS) and Azure's WireServer.
+pub const CLOUD_METADATA: [Cidr; 2] = [
+    Cidr {
+        addr: Ipv4Addr::new(169, 254, 169, 254),
+        len: 32,
+    },
+    Cidr {
+        addr: Ipv4Addr::new(168, 63, 129, 16),
+        len: 32,
+    },
+];
+
+/// An IPv4 prefix with no host bits set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    addr: Ipv4Addr,
+    len: u8,
+}
+
+impl Cidr {
+    pub fn new(addr: Ipv4Addr, len: u8) -> Result<Self, String> {
+        if len > 32 {
+            return Err(format!("prefix length {len} is above 32"));
+        }
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+        let bits = u32::from(addr);
+        if bits & !mask != 0 {
+            return Err(format!(
+                "{addr}/{len} has host bits set (did you mean {}/{len}?)",
+                Ipv4Addr::from(bits & mask)
+            ));
+        }
+        Ok(Self { addr, len })
+    }
+
+    pub fn addr(&self) -> Ipv4Addr {
+        self.addr
+    }
+
+    pub fn prefix_len(&self) -> u8 {
+        self.len
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = if self.len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.len)
+        };
+        u32::from(ip) & mask == u32::from(self.addr)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (a, l) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
+        if a.contains(':') {
+            return Err(format!("{s:?}: IPv6 is not supported (pods are IPv4 only)"));
+        }
+        let addr: Ipv4Addr = a
+            .parse()
+            .map_err(|_| format!("{s:?}: {a:?} is not an IPv4 address"))?;
+        let len: u8 = l
+            .parse()
+            .map_err(|_| format!("{s:?}: {l:?} is not a prefix length"))?;
+        Cidr::new(addr, len).map_err(|e| format!("{s:?}: {e}"))
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// The validated node policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub internal_cidrs: Vec<Cidr>,
+    /// As configured, without the cloud metadata defaults.
+    pub blocked_cidrs: Vec<Cidr>,
+    pub block_cloud_metadata: bool,
+    /// bit/s per pod; `None` = unlimited.
+    pub pod_internet_egress_rate: Option<u64>,
+    /// bit/s for all pods together; `None` = no cap.
+    pub node_internet_egress_cap: Option<u64>,
+    pub uplink: Option<String>,
+    /// Per-namespace internet-egress rate; `None` = unlimited for that namespace.
+    pub namespaces: BTreeMap<String, Option<u64>>,
+}
+
+impl Default for Policy {
+    /// No internal ranges (everything is internet), metadata blocked, no limits.
+    fn default() -> Self {
+        Self {
+            internal_cidrs: Vec::new(),
+            blocked_cidrs: Vec::new(),
+            block_cloud_metadata: true,
+            pod_internet_egress_rate: None,
+            node_internet_egress_cap: None,
+            uplink: None,
+            namespaces: BTreeMap::new(),
+        }
+    }
+}
+
+/// A policy that cannot be applied. The message names the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("read policy {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("policy {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawRate {
+    Int(u64),
+    Str(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNamespace {
+    internet_egress_rate: RawRate,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    internal_cidrs: Vec<String>,
+    #[serde(default)]
+    blocked_cidrs: Vec<String>,
+    #[serde(default = "default_true")]
+    block_cloud_metadata: bool,
+    pod_internet_egress_rate: Option<RawRate>,
+    node_internet_egress_cap: Option<RawRate>,
+    uplink: Option<String>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, RawNamespace>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `Some(rate)` for a rate, `None` for "unlimited".
+fn rate(field: &str, raw: &RawRate) -> Result<Option<u64>, String> {
+    let v = match raw {
+        RawRate::Int(n) => *n,
+        RawRate::Str(s) if s.trim().eq_ignore_ascii_case("unlimited") => return Ok(None),
+        RawRate::Str(s) => parse_quantity(s).map_err(|e| format!("{field}: {e}"))?,
+    };
+    check_rate(field, Some(v)).map_err(|e| e.to_string())?;
+    Ok(Some(v))
+}
+
+fn cidrs(field: &str, raw: &[String]) -> Result<Vec<Cidr>, String> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, s)| s.trim().parse().map_err(|e| format!("{field}[{i}]: {e}")))
+        .collect()
+}
+
+/// A Kubernetes namespace name: an RFC 1123 label.
+fn valid_namespace(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+impl Policy {
+    /// Reads and validates a policy file.
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|reason| PolicyError::Invalid {
+            path: path.to_owned(),
+            reason,
+        })
+    }
+
+    /// Parses and validates policy text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
+        let mut namespaces = BTreeMap::new();
+        for (name, ns) in &raw.namespaces {
+            if !valid_namespace(name) {
+                return Err(format!(
+                    "namespaces.{name}: not a valid Kubernetes namespace name"
+                ));
+            }
+            let r = rate(
+                &format!("namespaces.{name}.internet_egress_rate"),
+                &ns.internet_egress_rate,
+            )?;
+            namespaces.insert(name.clone(), r);
+        }
+        if namespaces.len() > abi::MAX_NAMESPACES as usize {
+            return Err(format!(
+                "namespaces: {} overrides, at most {} are supported",
+                namespaces.len(),
+                abi::MAX_NAMESPACES
+            ));
+        }
+        if let Some(u) = &raw.uplink {
+            if u.is_empty() || u.len() > 15 || u.contains(['/', ' ', '\0']) {
+                return Err(format!("uplink: {u:?} is not an interface name"));
+            }
+        }
+        let policy = Self {
+            internal_cidrs: cidrs("internal_cidrs", &raw.internal_cidrs)?,
+            blocked_cidrs: cidrs("blocked_cidrs", &raw.blocked_cidrs)?,
+            block_cloud_metadata: raw.block_cloud_metadata,
+            pod_internet_egress_rate: raw
+                .pod_internet_egress_rate
+                .as_ref()
+                .map(|r| rate("pod_internet_egress_rate", r))
+                .transpose()?
+                .flatten(),
+            node_internet_egress_cap: raw
+                .node_internet_egress_cap
+                .as_ref()
+                .map(|r| rate("node_internet_egress_cap", r))
+                .transpose()?
+                .flatten(),
+            uplink: raw.uplink,
+            namespaces,
+        };
+        let n = policy.prefixes().len();
+        if n > abi::MAX_PREFIXES as usize {
+            return Err(format!(
+                "{n} distinct prefixes, at most {} are supported",
+                abi::MAX_PREFIXES
+            ));
+        }
+        Ok(policy)
+    }
+
+    /// The classifier's view: every prefix with its class. The most specific prefix wins at
+    /// lookup time; a prefix listed as both internal and blocked is blocked.
+    pub fn prefixes(&self) -> BTreeMap<Cidr, u32> {
+        let mut out = BTreeMap::new();
+        for c in &self.internal_cidrs {
+            out.insert(*c, abi::CLASS_INTERNAL);
+        }
+        let metadata = if self.block_cloud_metadata {
+            &CLOUD_METADATA[..]
+        } else {
+            &[]
+        };
+        for c in self.blocked_cidrs.iter().chain(metadata) {
+            out.insert(*c, abi::CLASS_BLOCKED);
+        }
+        out
+    }
+
+    /// The internet-egress rate node policy gives a pod of `namespace` (bit/s, `None` =
+    /// unlimited): the namespace override if any, else the default.
+    pub fn internet_rate_for(&self, namespace: &str) -> Option<u64> {
+        match self.namespaces.get(namespace) {
+            Some(r) => *r,
+            None => self.pod_internet_egress_rate,
+        }
+    }
+
+    /// Reference classification of an address, as the eBPF programs do it.
+    pub fn classify(&self, ip: Ipv4Addr) -> u32 {
+        self.prefixes()
+            .iter()
+            .filter(|(c, _)| c.contains(ip))
+            .max_by_key(|(c, _)| c.prefix_len())
+            .map_or(abi::CLASS_INTERNET, |(_, class)| *class)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+        internal_cidrs = ["10.0.0.0/8", "172.16.0.0/12", "10.99.7.0/24"]
+        blocked_cidrs = ["10.99.0.0/16", "172.16.0.0/12"]
+        pod_internet_egress_rate = "100M"
+        node_internet_egress_cap = 1000000000
+        uplink = "eth0"
+
+        [namespaces.research]
+        internet_egress_rate = "1G"
+
+        [namespaces.batch]
+        internet_egress_rate = "unlimited"
+    "#;
+
+    #[test]
+    fn parses_everything() {
+        let p = Policy::parse(FULL).unwrap();
+        assert_eq!(p.internal_cidrs.len(), 3);
+        assert_eq!(p.pod_internet_egress_rate, Some(100_000_000));
+        assert_eq!(p.node_internet_egress_cap, Some(1_000_000_000));
+        assert_eq!(p.uplink.as_deref(), Some("eth0"));
+        assert_eq!(p.internet_rate_for("research"), Some(1_000_000_000));
+        assert_eq!(p.internet_rate_for("batch"), None);
+        assert_eq!(p.internet_rate_for("default"), Some(100_000_000));
+    }
+
+    #[test]
+    fn most_specific_wins_and_ties_are_blocked() {
+        let p = Policy::parse(FULL).unwrap();
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(p.classify(ip("10.1.2.3")), abi::CLASS_INTERNAL);
+        assert_eq!(p.classify(ip("10.99.1.1")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("10.99.7.9")), abi::CLASS_INTERNAL);
+        // Listed in both: blocked.
+        assert_eq!(p.classify(ip("172.16.5.5")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("169.254.169.254")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("168.63.129.16")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("203.0.113.1")), abi::CLASS_INTERNET);
+    }
+
+    #[test]
+    fn metadata_blocking_can_be_disabled() {
+        let p = Policy::parse("block_cloud_metadata = false").unwrap();
+        assert!(p.prefixes().is_empty());
+        let p = Policy::parse("").unwrap();
+        assert_eq!(p, Policy::default());
+        assert_eq!(p.prefixes().len(), 2);
+    }
+
+    #[test]
+    fn rejects_bad_input_with_the_key_named() {
+        let cases = [
+            (r#"internal_cidrs = ["10.0.0.1/8"]"#, "internal_cidrs[0]"),
+            (r#"internal_cidrs = ["10.0.0.1/8"]"#, "host bits"),
+            (
+                r#"blocked_cidrs = ["1.2.3.0/24", "nonsense"]"#,
+                "blocked_cidrs[1]",
+            ),
+            (r#"blocked_cidrs = ["fd00::/8"]"#, "IPv6"),
+            (r#"internal_cidrs = ["10.0.0.0/33"]"#, "above 32"),
+            (
+                r#"pod_internet_egress_rate = "fast""#,
+                "pod_internet_egress_rate",
+            ),
+            (r#"pod_internet_egress_rate = 0"#, "zero"),
+            (r#"node_internet_egress_cap = "10""#, "below the minimum"),
+            ("pod_internet_egress = \"1M\"", "unknown field"),
+            (
+                "[namespaces.Bad_Name]\ninternet_egress_rate = \"1M\"",
+                "namespaces.Bad_Name",
+            ),
+            ("[namespaces.ok]\nrate = \"1M\"", "unknown field"),
+            ("uplink = \"a/b\"", "uplink"),
+            ("internal_cidrs = [", "expected"),
+        ];
+        for (text, needle) in cases {
+            let e = Policy::parse(text).expect_err(text);
+            assert!(e.contains(needle), "{text:?}: error {e:?} lacks {needle:?}");
+        }
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shaper.toml");
+        std::fs::write(&path, "internal_cidrs = [\"x\"]").unwrap();
+        let e = Policy::load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("shaper.toml") && e.contains("internal_cidrs[0]"),
+            "{e}"
+        );
+        let e = Policy::load(&dir.path().join("missing.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.toml"), "{e}");
+    }
+}

@@ -1,0 +1,271 @@
+//! Per-pod attach/detach in network namespaces: exact counters on known traffic, blocked
+//! destinations, rollback on bad input, idempotent DEL, GC. Root only.
+
+mod fabric;
+
+use aliasnet_shaper::{
+    abi::{self, Class, Direction},
+    Limits, ShaperError,
+};
+use aya::programs::{SchedClassifier, TcAttachType};
+use fabric::*;
+
+const POLICY: &str = r#"
+internal_cidrs = ["10.0.0.0/8", "100.64.0.0/16"]
+blocked_cidrs = ["198.51.100.0/24"]
+"#;
+
+/// ICMP echo with 100 bytes of data, as counted at L2: 14 + 20 + 8 + 100.
+const PING_FRAME: u64 = 142;
+
+fn c(packets: u64) -> abi::Counter {
+    abi::Counter {
+        packets,
+        bytes: packets * PING_FRAME,
+    }
+}
+
+fn tcx_programs(f: &Fabric, dev: &str, role: &str, t: TcAttachType) -> Vec<String> {
+    let dev = dev.to_owned();
+    aliasnet_shaper::netns::run_in(&f.ns_path(role), move || {
+        SchedClassifier::query_tcx(&dev, t)
+            .expect("query tcx")
+            .1
+            .iter()
+            .map(|p| p.name_as_str().unwrap_or_default().to_owned())
+            .collect()
+    })
+    .expect("enter netns")
+}
+
+fn installed() -> Fabric {
+    let f = Fabric::new();
+    let policy = f.write_policy(POLICY);
+    let out = f.shaperd_once(&policy);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    f
+}
+
+#[test]
+fn counters_match_pings_exactly() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    let mut dp = f.open();
+    let att = f.attachment(Limits::default());
+    let attached = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    assert_eq!(attached.ingress, None);
+    assert_eq!(
+        attached.internet_egress, None,
+        "no limit anywhere: nothing shaped"
+    );
+    assert_eq!(
+        tcx_programs(&f, "vh1", "node", TcAttachType::Ingress),
+        ["an_host_ingress"]
+    );
+    assert_eq!(
+        tcx_programs(&f, "vh1", "node", TcAttachType::Egress),
+        ["an_host_egress"]
+    );
+    assert!(tcx_programs(&f, "eth0", "pod", TcAttachType::Egress).is_empty());
+
+    assert_eq!(f.ping("pod", INTERNET, 10, 100, &[]), 10);
+    assert_eq!(f.ping("pod", INTERNAL, 5, 100, &[]), 5);
+    // The internal peer pings the pod: requests are ingress, replies egress, both internal.
+    assert_eq!(f.ping("peer", POD_IP, 3, 100, &["-I", INTERNAL]), 3);
+
+    let rec = dp
+        .pod(CONTAINER_ID, "eth0")
+        .expect("read")
+        .expect("attached");
+    assert_eq!(rec.namespace(), "team-a");
+    assert_eq!(rec.name(), "trainer-0");
+    assert_eq!(rec.ip().to_string(), POD_IP);
+    assert_eq!(rec.host_ifname(), "vh1");
+    let k = rec.counters;
+    assert_eq!(k.get(Direction::Egress, Class::Internet), c(10));
+    assert_eq!(k.get(Direction::Ingress, Class::Internet), c(10));
+    assert_eq!(k.get(Direction::Egress, Class::Internal), c(5 + 3));
+    assert_eq!(k.get(Direction::Ingress, Class::Internal), c(5 + 3));
+    assert_eq!(k.get(Direction::Egress, Class::Blocked), c(0));
+    assert_eq!(k.get(Direction::Ingress, Class::Blocked), c(0));
+}
+
+#[test]
+fn blocked_destinations_are_unreachable_and_counted() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    // Reachable before the datapath is attached: the drops below are ours.
+    assert_eq!(f.ping("pod", BLOCKED, 1, 100, &[]), 1);
+    assert_eq!(f.ping("pod", METADATA, 1, 100, &[]), 1);
+
+    let mut dp = f.open();
+    let att = f.attachment(Limits::default());
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    assert_eq!(f.ping("pod", BLOCKED, 3, 100, &[]), 0);
+    assert_eq!(f.ping("pod", METADATA, 2, 100, &[]), 0);
+    // From a blocked source towards the pod: dropped on the way in.
+    assert_eq!(f.ping("inet", POD_IP, 4, 100, &["-I", BLOCKED]), 0);
+    // Other traffic is unaffected.
+    assert_eq!(f.ping("pod", INTERNET, 2, 100, &[]), 2);
+
+    let k = dp.pod(CONTAINER_ID, "eth0").unwrap().unwrap().counters;
+    assert_eq!(k.get(Direction::Egress, Class::Blocked), c(3 + 2));
+    assert_eq!(k.get(Direction::Ingress, Class::Blocked), c(4));
+    assert_eq!(k.get(Direction::Egress, Class::Internet), c(2));
+    assert_eq!(k.get(Direction::Ingress, Class::Internet), c(2));
+}
+
+#[test]
+fn bad_input_attaches_nothing() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    let mut dp = f.open();
+    let nothing_attached = |f: &Fabric, dp: &aliasnet_shaper::Datapath| {
+        assert!(dp.pods().unwrap().is_empty(), "no pod recorded");
+        assert!(tcx_programs(f, "vh1", "node", TcAttachType::Ingress).is_empty());
+        assert!(tcx_programs(f, "vh1", "node", TcAttachType::Egress).is_empty());
+        assert!(tcx_programs(f, "eth0", "pod", TcAttachType::Egress).is_empty());
+        let pods_dir = f.pin_root().join("pods");
+        assert_eq!(
+            std::fs::read_dir(pods_dir).unwrap().count(),
+            0,
+            "no pinned links"
+        );
+        assert_eq!(f.tc_json("node", "qdisc", "vh1")[0]["kind"], "noqueue");
+    };
+
+    let bad_rate = f.attachment(Limits {
+        egress_rate: Some(0),
+        ..Limits::default()
+    });
+    match f.in_node(|| dp.attach_pod(&bad_rate)) {
+        Err(ShaperError::Limit(e)) => assert_eq!(e.field, "egress_rate"),
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+    nothing_attached(&f, &dp);
+
+    let mut no_dev = f.attachment(Limits::default());
+    no_dev.host_ifname = "nosuchdev0".to_owned();
+    let e = f.in_node(|| dp.attach_pod(&no_dev)).unwrap_err();
+    assert!(e.to_string().contains("nosuchdev0"), "{e}");
+    nothing_attached(&f, &dp);
+
+    // Fails late (the pod netns does not exist) after the host side was set up, with an
+    // ingress limit so that a qdisc was installed too: everything must be rolled back.
+    let mut late = f.attachment(Limits {
+        ingress_rate: Some(50_000_000),
+        internet_egress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    late.netns = "/run/netns/does-not-exist".into();
+    let e = f.in_node(|| dp.attach_pod(&late)).unwrap_err();
+    assert!(e.to_string().contains("does-not-exist"), "{e}");
+    nothing_attached(&f, &dp);
+
+    // Something long for a fixed-size field.
+    let mut long = f.attachment(Limits::default());
+    long.identity.namespace = "n".repeat(64);
+    match f.in_node(|| dp.attach_pod(&long)) {
+        Err(ShaperError::InvalidArgument { field, .. }) => assert_eq!(field, "namespace"),
+        other => panic!("expected an argument error, got {other:?}"),
+    }
+    nothing_attached(&f, &dp);
+}
+
+#[test]
+fn detach_is_idempotent_and_gc_removes_vanished_pods() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    let mut dp = f.open();
+    let att = f.attachment(Limits {
+        ingress_rate: Some(100_000_000),
+        internet_egress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    assert_eq!(f.tc_json("node", "qdisc", "vh1")[0]["kind"], "htb");
+    assert_eq!(
+        tcx_programs(&f, "eth0", "pod", TcAttachType::Egress),
+        ["an_pod_egress"]
+    );
+    assert_eq!(f.ping("pod", INTERNET, 3, 100, &[]), 3);
+
+    // ADD again with the same key (a runtime retry): one attachment, fresh counters.
+    let again = f.in_node(|| dp.attach_pod(&att)).expect("re-attach");
+    let pods = dp.pods().unwrap();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].slot, again.slot);
+    // Fresh counters (only IPv6 housekeeping, class "other", may have arrived since).
+    for d in Direction::ALL {
+        for k in [Class::Internal, Class::Internet, Class::Blocked] {
+            assert_eq!(pods[0].counters.get(d, k), c(0), "{d:?} {k:?}");
+        }
+    }
+    assert_eq!(
+        tcx_programs(&f, "vh1", "node", TcAttachType::Ingress),
+        ["an_host_ingress"]
+    );
+
+    assert!(f.in_node(|| dp.detach_pod(CONTAINER_ID, "eth0")).unwrap());
+    assert!(
+        !f.in_node(|| dp.detach_pod(CONTAINER_ID, "eth0")).unwrap(),
+        "second DEL finds nothing"
+    );
+    assert!(!f.in_node(|| dp.detach_pod("never-seen", "eth0")).unwrap());
+    assert!(dp.pods().unwrap().is_empty());
+    assert!(tcx_programs(&f, "vh1", "node", TcAttachType::Ingress).is_empty());
+    assert!(tcx_programs(&f, "eth0", "pod", TcAttachType::Egress).is_empty());
+    assert_eq!(f.tc_json("node", "qdisc", "vh1")[0]["kind"], "noqueue");
+    assert_eq!(f.tc_json("pod", "qdisc", "eth0")[0]["kind"], "noqueue");
+    assert_eq!(
+        f.ping("pod", BLOCKED, 1, 100, &[]),
+        1,
+        "detached: no longer enforced"
+    );
+
+    // A pod whose veth vanished without DEL is found by GC.
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    ip(&["-n", &f.ns("node"), "link", "del", "vh1"]);
+    let removed = f.in_node(|| dp.gc()).unwrap();
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].container_id(), CONTAINER_ID);
+    assert!(dp.pods().unwrap().is_empty());
+    assert_eq!(
+        std::fs::read_dir(f.pin_root().join("pods"))
+            .unwrap()
+            .count(),
+        0
+    );
+    // DEL after the veth (and netns) are gone still succeeds.
+    assert!(!f.in_node(|| dp.detach_pod(CONTAINER_ID, "eth0")).unwrap());
+}
+
+#[test]
+fn open_before_shaperd_ran_is_a_clear_error() {
+    if !require_root() {
+        return;
+    }
+    let f = Fabric::new();
+    let root = f.pin_root();
+    let e = f
+        .in_node(|| aliasnet_shaper::Datapath::open(root))
+        .err()
+        .expect("not initialised");
+    assert!(matches!(e, ShaperError::NotInitialised { .. }), "{e}");
+    assert!(
+        e.to_string().contains("aliasnet-shaperd must run once"),
+        "{e}"
+    );
+}
