@@ -1,1 +1,22 @@
-//! aliasnet IPAM.
+//! `aliasnet-ipamd`: the node's alias-IP address pools, served to the CNI plugin over a unix
+//! socket (protocol: `aliasnet-ipam-proto`).
+//!
+//! * [`config`] reads `ipamd.toml`.
+//! * [`state`] is the allocator (pools, leases, cooldown) in memory; [`bitmap`] and [`lease`]
+//!   are its compact building blocks.
+//! * [`store`] is the durable log + snapshot every acknowledged change is written to first.
+//! * [`service`] handles requests and runs the group-commit writer and host link teardown.
+//! * [`server`] owns the socket, framing and connection life cycle; [`daemon`] wires it all up.
+
+pub mod bitmap;
+pub mod config;
+pub mod daemon;
+pub mod lease;
+pub mod server;
+pub mod service;
+pub mod state;
+pub mod store;
+pub mod teardown;
+
+#[cfg(test)]
+mod model_tests;

@@ -235,6 +235,55 @@ test_uninstall_order_leaves_pods_intact() {
   ip -n "$node" link show "$veth" >/dev/null 2>&1 || fail "--purge removed the host veth"
 }
 
+# The DaemonSet rollout on one node: the old daemon stops, the new init container installs a
+# newer build, the new daemon starts on the same state. A pod wired before keeps its address,
+# veth, route and connectivity, and the new plugin releases it.
+test_upgrade_while_a_pod_runs() {
+  need_bins aliasnet aliasnet-ipamd
+  scratch_root
+  inst 2>/dev/null
+  local node=anup-n-$RT_ID pod=anup-p-$RT_ID conf ip veth pid
+  new_netns "$node"
+  new_netns "$pod"
+  ip -n "$node" link add eth0 type veth peer name uplink-peer
+  ip -n "$node" link set uplink-peer up
+  ip -n "$node" link set eth0 up
+  ip -n "$node" addr add 198.51.100.2/24 dev eth0
+  ip -n "$node" route add default via 198.51.100.1
+  cp "$R/etc/aliasnet/ipamd.toml" "$SCRATCH/ipamd.toml"
+  start_ipamd "$node" "$SCRATCH" "$R/run/aliasnet/ipamd.sock"
+  pid=$(cat "$SCRATCH/ipamd.pid")
+  conf=$(plugin_conf "$R/etc/cni/net.d/10-aliasnet.conflist")
+  defer "CNI_COMMAND=DEL CNI_CONTAINERID=cid-up CNI_NETNS= CNI_IFNAME=eth0 CNI_PATH=/ nsenter --net=/run/netns/$node $BIN_DIR/aliasnet <<<'$conf'"
+  cni_call ADD "$node" "$pod" cid-up "$conf" >"$SCRATCH/add.json" || fail "ADD failed: $(cat "$SCRATCH/add.json")"
+  ip=$(jq -r '.ips[0].address' "$SCRATCH/add.json" | cut -d/ -f1)
+  veth=$(jq -r '.interfaces[] | select(.sandbox == null) | .name' "$SCRATCH/add.json")
+  # Traffic keeps flowing through the whole upgrade (5 s of pings; the upgrade takes ~1 s).
+  in_ns "$node" ping -i 0.05 -c 100 "$ip" >"$SCRATCH/ping.out" 2>&1 &
+  local ping=$! t0=$SECONDS
+  defer "kill $ping"
+  stop_pid "$pid"
+  mkdir "$SCRATCH/v2"
+  cp "$BIN_DIR/aliasnet" "$BIN_DIR/aliasnet-ipamd" "$SCRATCH/v2/"
+  printf 'v2' >>"$SCRATCH/v2/aliasnet"
+  BIN_DIR=$SCRATCH/v2 inst --force 2>"$SCRATCH/out" || fail "upgrade install failed: $(cat "$SCRATCH/out")"
+  cmp -s "$SCRATCH/v2/aliasnet" "$R/opt/cni/bin/aliasnet" || fail "the new plugin is not installed"
+  start_ipamd "$node" "$SCRATCH" "$R/run/aliasnet/ipamd.sock"
+  ((SECONDS - t0 < 4)) || fail "the upgrade took longer than the ping window"
+  wait "$ping" || true
+  grep -q ' 0% packet loss' "$SCRATCH/ping.out" || fail "traffic to the pod was interrupted: $(tail -n2 "$SCRATCH/ping.out")"
+  log "during the upgrade: $(grep 'packet loss' "$SCRATCH/ping.out")"
+  leases "$R/run/aliasnet/ipamd.sock" | grep -q "^$ip aliasnet/cid-up/eth0$" || fail "the new daemon lost the lease of $ip"
+  ip -n "$node" link show "$veth" >/dev/null 2>&1 || fail "host veth gone"
+  # The new plugin sees the pod (CHECK needs 0.4.0+) and releases it.
+  cni_call CHECK "$node" "$pod" cid-up "$(jq -c --slurpfile r "$SCRATCH/add.json" '. + {prevResult: $r[0]}' <<<"$conf")" ||
+    fail "CHECK with the new plugin failed"
+  cni_call DEL "$node" "$pod" cid-up "$conf" || fail "DEL with the new plugin failed"
+  [[ -z $(leases "$R/run/aliasnet/ipamd.sock") ]] || fail "lease left after DEL"
+  for _ in $(seq 50); do ip -n "$node" link show "$veth" >/dev/null 2>&1 || break; sleep 0.1; done
+  if ip -n "$node" link show "$veth" >/dev/null 2>&1; then fail "host veth left after DEL"; fi
+}
+
 test_dry_run_changes_nothing() {
   need_bins aliasnet aliasnet-ipamd
   scratch_root

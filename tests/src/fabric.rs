@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use crate::{
     cni::{self, Invocation, Outcome},
     ipamd::{Ipamd, IpamdPaths},
+    shaperd::{ShaperPaths, Shaperd},
     netns::Netns,
     unique_tag,
 };
@@ -20,6 +21,8 @@ pub const INTERNET_IP2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 /// MTU of the VNet links (nodes' uplinks). Cloud VNets run jumbo frames or 1500; using 9000
 /// makes "pod MTU = uplink MTU" observable.
 pub const VNET_MTU: u32 = 9000;
+/// The fabric's VNet and cluster ranges: nodes 10.100.0.0/16, pods 10.240.0.0/16.
+pub const DEFAULT_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\"]\n";
 
 /// Shape of a fabric.
 #[derive(Debug, Clone)]
@@ -33,6 +36,10 @@ pub struct FabricOpts {
     pub start_ipamd: bool,
     /// Extra keys merged into the plugin's conflist entry.
     pub plugin_extra: Value,
+    /// Run `aliasnet-shaperd` on every node (the plugin then attaches the eBPF datapath).
+    pub shaper: bool,
+    /// Node policy (`shaper.toml` contents).
+    pub shaper_policy: String,
     pub cni_version: String,
 }
 
@@ -44,6 +51,8 @@ impl Default for FabricOpts {
             pool: None,
             start_ipamd: true,
             plugin_extra: json!({}),
+            shaper: true,
+            shaper_policy: DEFAULT_POLICY.into(),
             cni_version: "1.0.0".into(),
         }
     }
@@ -64,8 +73,10 @@ pub struct Node {
     pub dir: PathBuf,
     pub ipamd_paths: IpamdPaths,
     pub ipamd: Option<Ipamd>,
+    pub shaperd: Option<Shaperd>,
     pub uplink_ip: Ipv4Addr,
     pub conflist: Value,
+    pub shaper_paths: ShaperPaths,
     tag: String,
 }
 
@@ -155,12 +166,20 @@ impl Node {
             .clone()
             .unwrap_or_else(|| format!("cidrs = [\"10.240.{i}.0/24\"]"));
         ipamd_paths.write_config(&pool, &o.cooldown)?;
+        let shaper = ShaperPaths {
+            config: dir.join("shaper.toml"),
+            pin_root: PathBuf::from(format!("/sys/fs/bpf/aliasnet-t{tag}-n{i}")),
+            log: dir.join("shaperd.log"),
+        };
+        std::fs::write(&shaper.config, &o.shaper_policy)?;
         let mut plugin = json!({
             "type": "aliasnet",
             "ipamSocket": ipamd_paths.socket,
             "spoolDir": ipamd_paths.spool_dir,
             "logFile": dir.join("cni.log"),
             "logLevel": "debug",
+            "bpfPinRoot": shaper.pin_root,
+            "datapath": if o.shaper { "required" } else { "off" },
         });
         if let (Some(p), Some(extra)) = (plugin.as_object_mut(), o.plugin_extra.as_object()) {
             for (k, v) in extra {
@@ -178,6 +197,8 @@ impl Node {
             dir,
             ipamd_paths,
             ipamd: None,
+            shaperd: None,
+            shaper_paths: shaper,
             uplink_ip: Ipv4Addr::new(10, 100, i as u8, 2),
             conflist,
             tag: tag.to_owned(),
@@ -185,7 +206,17 @@ impl Node {
         if o.start_ipamd {
             node.start_ipamd()?;
         }
+        if o.shaper {
+            node.start_shaperd()?;
+        }
         Ok(node)
+    }
+
+    /// Install the datapath (`--once`, so pins exist when this returns), then keep the daemon
+    /// running for policy reloads and GC.
+    pub fn start_shaperd(&mut self) -> Result<()> {
+        self.shaperd = Some(Shaperd::start(&self.ns, self.shaper_paths.clone())?);
+        Ok(())
     }
 
     pub fn start_ipamd(&mut self) -> Result<()> {

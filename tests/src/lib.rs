@@ -20,6 +20,7 @@ pub mod cni;
 pub mod fabric;
 pub mod ipamd;
 pub mod netns;
+pub mod shaperd;
 
 use std::{
     path::PathBuf,

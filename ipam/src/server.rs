@@ -1,0 +1,219 @@
+//! The unix socket: binding, framing, and one task per connection.
+//!
+//! A connection's requests are answered in order. Bad input only ever affects its own
+//! connection: an undecodable or wrong-version frame gets an error reply and the connection goes
+//! on (the frame boundary is intact); an oversized length gets an error reply and the connection
+//! is closed (it cannot be resynchronised); a truncated frame just ends the connection and
+//! changes nothing.
+
+use std::{
+    io,
+    os::unix::fs::{FileTypeExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use aliasnet_ipam_proto::{
+    frame::{self, FrameError, MAX_FRAME},
+    ErrorKind, Request, Response,
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{UnixListener, UnixStream},
+    sync::{watch, Semaphore},
+    task::JoinSet,
+};
+
+use crate::service::Ipam;
+
+/// Connections served at once; more wait in the listen backlog.
+const MAX_CONNECTIONS: usize = 1024;
+/// A client that sent a frame header must deliver the body within this.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for requests in progress.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("another aliasnet-ipamd is already serving on {path}")]
+    InUse { path: PathBuf },
+    #[error("cannot create the socket {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Bind `path` with mode 0600, creating its directory and replacing a stale socket file.
+pub fn bind(path: &Path) -> Result<UnixListener, BindError> {
+    let err = |source| BindError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(BindError::InUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            // Left behind by a daemon that died: nobody listens on it.
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        Ok(_) => {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            )))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    // The umask makes the socket 0600 from its first instant; set_permissions makes sure.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let listener = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = listener.map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serve until `shutdown` turns true; then remove the socket file, let requests in progress
+/// finish, and return.
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    ipam: Ipam,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut conns = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+            _ = stopped(&mut shutdown) => break,
+        };
+        let sd = shutdown.clone();
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let ipam = ipam.clone();
+                    conns.spawn(async move {
+                        connection(stream, ipam, sd).await;
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stopped(&mut shutdown) => break,
+        }
+        // Reap finished connections so the set does not grow without bound.
+        while conns.try_join_next().is_some() {}
+    }
+    drop(listener);
+    if let Err(e) = std::fs::remove_file(&path) {
+        if e.kind() != io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove the socket");
+        }
+    }
+    let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = conns.len(),
+            "requests still running after the drain timeout; abandoning them"
+        );
+        conns.abort_all();
+    }
+}
+
+/// Resolves once shutdown is requested (or its sender is gone).
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+fn encode_reply(resp: &Response) -> Vec<u8> {
+    let bytes = frame::encode(resp);
+    if bytes.len() - 4 <= MAX_FRAME {
+        return bytes;
+    }
+    frame::encode(&Response::Error {
+        kind: ErrorKind::Internal,
+        message: format!(
+            "the reply is {} bytes, over the {MAX_FRAME}-byte frame limit",
+            bytes.len() - 4
+        ),
+    })
+}
+
+async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receiver<bool>) {
+    let (mut rd, mut wr) = stream.into_split();
+    loop {
+        let mut header = [0u8; 4];
+        tokio::select! {
+            r = rd.read_exact(&mut header) => if r.is_err() {
+                // EOF between frames (normal close) or a header cut short: nothing to do.
+                return;
+            },
+            _ = stopped(&mut shutdown) => return,
+        }
+        let len = match frame::parse_len(header) {
+            Ok(l) => l,
+            Err(e) => {
+                let reply = Response::Error {
+                    kind: ErrorKind::BadRequest,
+                    message: e.to_string(),
+                };
+                let _ = wr.write_all(&encode_reply(&reply)).await;
+                return;
+            }
+        };
+        // Grow the buffer as bytes arrive rather than trusting the length up front.
+        let mut body = Vec::with_capacity(len.min(64 << 10));
+        let read = tokio::time::timeout(
+            BODY_TIMEOUT,
+            (&mut rd).take(len as u64).read_to_end(&mut body),
+        )
+        .await;
+        if !matches!(read, Ok(Ok(n)) if n == len) {
+            tracing::debug!(expected = len, got = body.len(), "truncated frame; closing");
+            return;
+        }
+        let handled = match frame::decode::<Request>(&body) {
+            Ok(req) => ipam.handle(req).await,
+            Err(FrameError::Version { got }) => Response::Error {
+                kind: ErrorKind::UnsupportedVersion,
+                message: format!(
+                    "protocol version {got} is not supported; this daemon speaks version {}",
+                    aliasnet_ipam_proto::PROTOCOL_VERSION
+                ),
+            }
+            .into(),
+            Err(e) => Response::Error {
+                kind: ErrorKind::BadRequest,
+                message: match e {
+                    FrameError::Decode(d) => format!("malformed request: {d}"),
+                    other => other.to_string(),
+                },
+            }
+            .into(),
+        };
+        if let Err(e) = wr.write_all(&encode_reply(&handled.response)).await {
+            tracing::debug!(error = %e, "client went away before its reply");
+            if let Some(lease) = handled.rollback {
+                ipam.rollback(&lease).await;
+            }
+            return;
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Deleting host links after a release, off the runtime's critical path.
+//!
+//! Unregistering a veth costs the kernel ~20 ms of RCU grace periods, so Release replies as soon
+//! as the release is durable and the link is deleted here. Until it is gone the address stays
+//! unallocatable (its /32 host route still points at the old veth).
+
+use std::{future::Future, pin::Pin};
+
+use futures::TryStreamExt;
+use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+
+/// Outcome of one deletion attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    Deleted,
+    /// There was no such link (already gone): fine.
+    NotFound,
+}
+
+pub type RemoveFuture<'a> = Pin<Box<dyn Future<Output = Result<Removed, String>> + Send + 'a>>;
+
+/// Deletes host links. The daemon uses [`NetlinkRemover`]; tests can record instead.
+pub trait LinkRemover: Send + Sync + 'static {
+    fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a>;
+}
+
+/// Deletes links through rtnetlink in the netns the connection was opened in.
+pub struct NetlinkRemover {
+    handle: rtnetlink::Handle,
+}
+
+impl NetlinkRemover {
+    /// Open a netlink connection in the calling thread's netns; must run inside a tokio runtime.
+    pub fn new() -> std::io::Result<Self> {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    pub fn handle(&self) -> &rtnetlink::Handle {
+        &self.handle
+    }
+}
+
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+impl LinkRemover for NetlinkRemover {
+    fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a> {
+        Box::pin(async move {
+            // RTM_DELLINK by name: one round trip, no index lookup race.
+            let mut msg = LinkMessage::default();
+            msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
+            match self.handle.link().del_with_message(msg).execute().await {
+                Ok(()) => Ok(Removed::Deleted),
+                Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(Removed::NotFound),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+}
+
+/// Whether a link named `name` exists (used by tests and reconcile).
+pub async fn link_exists(handle: &rtnetlink::Handle, name: &str) -> Result<bool, String> {
+    let mut s = handle.link().get().match_name(name.to_owned()).execute();
+    match s.try_next().await {
+        Ok(Some(_)) => Ok(true),
+        Ok(None) => Ok(false),
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}

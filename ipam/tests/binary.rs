@@ -1,0 +1,203 @@
+//! The `aliasnet-ipamd` binary: CLI, signals, refusal messages.
+//!
+//! The daemon runs in a network namespace of its own (unshared for the child), so its netlink
+//! socket can never touch the host's interfaces.
+
+mod common;
+
+use std::{
+    os::unix::process::CommandExt,
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use aliasnet_ipam_proto::{Client, Request, Response};
+use common::*;
+use nix::{sched::CloneFlags, sys::signal, unistd::Pid};
+
+const BIN: &str = env!("CARGO_BIN_EXE_aliasnet-ipamd");
+
+fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args).stdin(Stdio::null());
+    // SAFETY: unshare is async-signal-safe and touches only the child.
+    unsafe {
+        c.pre_exec(|| nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from));
+    }
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    command(args).output().unwrap()
+}
+
+fn spawn(config: &Path) -> Child {
+    let child = command(&["--config", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+}
+
+fn wait_ready(socket: &Path, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut c) = Client::connect(socket, Duration::from_secs(2)) {
+            if c.call(&Request::Stats).is_ok() {
+                return;
+            }
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("daemon exited during start: {st}");
+        }
+        assert!(Instant::now() < deadline, "daemon not ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn terminate(mut child: Child) -> std::process::ExitStatus {
+    signal::kill(Pid::from_raw(child.id() as i32), signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("SIGTERM ignored");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_state_survives() {
+    let env = Env::new("log_level = \"debug\"", "cidrs = [\"10.240.0.0/24\"]");
+    let socket = env.socket();
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    let Response::Allocated { lease } = c.call(&alloc_req("a", None)).unwrap() else {
+        panic!()
+    };
+    let st = terminate(child);
+    assert!(st.success(), "{st}");
+    assert!(!socket.exists(), "socket removed on shutdown");
+
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        c.call(&Request::Check { key: key("a") }).unwrap(),
+        Response::Lease { lease: Some(lease) }
+    );
+    // SIGINT works as well.
+    signal::kill(Pid::from_raw(child.id() as i32), signal::Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("state loaded") && log.contains("leases=1"),
+        "{log}"
+    );
+}
+
+#[test]
+fn killed_daemon_keeps_acknowledged_leases() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let socket = env.socket();
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    let mut acked = Vec::new();
+    for i in 0..50 {
+        if let Ok(Response::Allocated { lease }) = c.call(&alloc_req(&format!("k{i}"), None)) {
+            acked.push(lease);
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The stale socket is replaced on the next start.
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    let Response::Leases { leases } = c.call(&Request::List).unwrap() else {
+        panic!()
+    };
+    assert_eq!(leases, acked);
+    terminate(child);
+}
+
+#[test]
+fn corrupt_state_is_refused_with_the_file_named() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let socket = env.socket();
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    for i in 0..3 {
+        c.call(&alloc_req(&format!("k{i}"), None)).unwrap();
+    }
+    terminate(child);
+    let log = env.state_dir().join(aliasnet_ipam::store::log_name(0));
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[40] ^= 0x10;
+    std::fs::write(&log, bytes).unwrap();
+    let out = run(&["--config", env.config_path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&log.display().to_string()), "{err}");
+    assert!(err.contains("recover"), "{err}");
+    assert!(!socket.exists(), "never served");
+}
+
+#[test]
+fn check_config_validates_and_names_the_field() {
+    let env = Env::new(
+        "",
+        "cidrs = [\"10.240.0.0/24\"]\nexclude = [\"10.240.0.0/30\"]",
+    );
+    let out = run(&[
+        "check-config",
+        "--config",
+        env.config_path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("pool 'secondary' (static): 252 addresses"),
+        "{text}"
+    );
+
+    let bad = env.dir.path().join("bad.toml");
+    for (body, want) in [
+        (
+            "[[pool]]\nname=\"p\"\nsource=\"static\"\ncidrs=[\"10.0.0.1/24\"]\n",
+            "cidrs[0]",
+        ),
+        (
+            "log_level = \"verbose\"\n[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n",
+            "log_level",
+        ),
+        (
+            "[[pool]]\nname=\"a\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n[[pool]]\nname=\"b\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n",
+            "overlap",
+        ),
+    ] {
+        std::fs::write(&bad, body).unwrap();
+        for args in [
+            vec!["check-config", "--config", bad.to_str().unwrap()],
+            vec!["--config", bad.to_str().unwrap()],
+        ] {
+            let out = run(&args);
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
+    }
+    let out = run(&["check-config", "--config", "/nonexistent/ipamd.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ipamd.toml"));
+}

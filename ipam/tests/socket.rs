@@ -1,0 +1,433 @@
+//! The daemon over its unix socket: concurrency, idempotency, bad frames, disconnects,
+//! teardown ordering, GC, status and the socket file itself.
+
+mod common;
+
+use std::{
+    collections::HashSet,
+    io::{Read, Write},
+    os::unix::{fs::PermissionsExt, net::UnixStream},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use aliasnet_ipam_proto::{
+    frame::{self, MAX_FRAME},
+    Attachment, Client, ClientError, ErrorKind, Request, Response,
+};
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_get_distinct_addresses_that_survive_a_restart() {
+    let env = Env::new("cooldown = \"130s\"", "cidrs = [\"10.240.0.0/20\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let threads: Vec<_> = (0..64)
+        .map(|t| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                // One connection per client, several requests on it.
+                let mut c = Client::connect(&socket, Duration::from_secs(30)).unwrap();
+                (0..16)
+                    .map(|i| match c.call(&alloc_req(&format!("t{t}-{i}"), None)) {
+                        Ok(Response::Allocated { lease }) => lease,
+                        other => panic!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let leases: Vec<_> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let addrs: HashSet<_> = leases.iter().map(|l| l.address).collect();
+    assert_eq!(addrs.len(), 64 * 16, "an address was handed out twice");
+    let before = list(&socket).await;
+    assert_eq!(before.len(), 64 * 16);
+    d.shutdown().await;
+    assert!(!socket.exists(), "shutdown removes the socket");
+
+    let d = env.start(Arc::new(Recorder::default())).await;
+    assert_eq!(list(&socket).await, before);
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_is_idempotent_even_when_concurrent() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let threads: Vec<_> = (0..16)
+        .map(|_| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket, Duration::from_secs(30)).unwrap();
+                match c.call(&alloc_req("same", Some("alisame"))) {
+                    Ok(Response::Allocated { lease }) => lease,
+                    other => panic!("{other:?}"),
+                }
+            })
+        })
+        .collect();
+    let leases: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(leases.iter().all(|l| *l == leases[0]), "{leases:?}");
+    assert_eq!(leases[0].pod.name.as_deref(), Some("pod-same"));
+    assert_eq!(leases[0].host_veth.as_deref(), Some("alisame"));
+    assert_eq!(list(&socket).await.len(), 1);
+    // Check sees it; a second allocate later returns it again.
+    match call(&socket, Request::Check { key: key("same") }).await {
+        Ok(Response::Lease { lease: Some(l) }) => assert_eq!(l, leases[0]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(allocate(&socket, "same").await, leases[0]);
+    d.shutdown().await;
+}
+
+fn raw_frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+fn read_reply(s: &mut UnixStream) -> Response {
+    frame::read_frame(s).expect("a reply frame")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_get_errors_and_never_affect_other_clients() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let healthy = allocate(&socket, "healthy").await;
+
+    let s2 = socket.clone();
+    tokio::task::spawn_blocking(move || {
+        let t = Some(Duration::from_secs(10));
+        let mut s = UnixStream::connect(&s2).unwrap();
+        s.set_read_timeout(t).unwrap();
+
+        // Garbage: an error reply, and the connection stays usable.
+        s.write_all(&raw_frame(b"\x00\xffnot json")).unwrap();
+        match read_reply(&mut s) {
+            Response::Error { kind, .. } => assert_eq!(kind, ErrorKind::BadRequest),
+            other => panic!("{other:?}"),
+        }
+        // Valid JSON, unknown operation.
+        s.write_all(&raw_frame(br#"{"v":1,"op":"explode"}"#))
+            .unwrap();
+        match read_reply(&mut s) {
+            Response::Error { kind, message } => {
+                assert_eq!(kind, ErrorKind::BadRequest);
+                assert!(message.contains("explode"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A future protocol version.
+        s.write_all(&raw_frame(br#"{"v":2,"op":"list"}"#)).unwrap();
+        match read_reply(&mut s) {
+            Response::Error { kind, message } => {
+                assert_eq!(kind, ErrorKind::UnsupportedVersion);
+                assert!(message.contains("version 2"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Still serving this very connection.
+        s.write_all(&frame::encode(&Request::Stats)).unwrap();
+        assert!(matches!(read_reply(&mut s), Response::Stats { .. }));
+
+        // Oversized length: an error reply, then the connection is closed.
+        let mut s = UnixStream::connect(&s2).unwrap();
+        s.set_read_timeout(t).unwrap();
+        s.write_all(&(MAX_FRAME as u32 + 1).to_be_bytes()).unwrap();
+        match read_reply(&mut s) {
+            Response::Error { kind, message } => {
+                assert_eq!(kind, ErrorKind::BadRequest);
+                assert!(message.contains("exceeds"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut rest = Vec::new();
+        assert_eq!(
+            s.read_to_end(&mut rest).unwrap(),
+            0,
+            "closed after oversize"
+        );
+
+        // Truncated: a header promising more than is sent, then the client leaves.
+        let mut s = UnixStream::connect(&s2).unwrap();
+        let full = frame::encode(&alloc_req("truncated", None));
+        s.write_all(&full[..full.len() - 5]).unwrap();
+        drop(s);
+        // A header cut short.
+        let mut s = UnixStream::connect(&s2).unwrap();
+        s.write_all(&[0, 0]).unwrap();
+        drop(s);
+    })
+    .await
+    .unwrap();
+
+    // Others are served as before, and the truncated request changed nothing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let leases = list(&socket).await;
+    assert_eq!(leases, vec![healthy.clone()]);
+    assert_eq!(allocate(&socket, "healthy").await, healthy);
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_before_its_reply_leaks_nothing() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let s2 = socket.clone();
+    tokio::task::spawn_blocking(move || {
+        for i in 0..20 {
+            let mut s = UnixStream::connect(&s2).unwrap();
+            s.write_all(&frame::encode(&alloc_req(&format!("gone{i}"), None)))
+                .unwrap();
+            // Close without reading: the daemon's reply cannot be delivered.
+            drop(s);
+        }
+    })
+    .await
+    .unwrap();
+    // Each was allocated, then released when its reply could not be delivered: all 20 end
+    // up cooling, none allocated. (Stats, unlike List, also counts allocations in flight.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let Response::Stats { pools } = call(&socket, Request::Stats).await.unwrap() else {
+            panic!()
+        };
+        if (pools[0].allocated, pools[0].cooling) == (0, 20) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "allocations of vanished clients were not released: {pools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(list(&socket).await, vec![]);
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_tears_down_the_link_before_the_address_is_reused() {
+    // One address and no cooldown: only the pending teardown keeps it from being reused.
+    let env = Env::new("cooldown = \"0s\"", "ips = [\"10.240.0.7\"]");
+    let rec = Arc::new(Recorder {
+        delay: Duration::from_millis(1000),
+        ..Recorder::default()
+    });
+    let d = env.start(rec.clone()).await;
+    let socket = env.socket();
+    match call(&socket, alloc_req("old", Some("aliold"))).await {
+        Ok(Response::Allocated { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let t0 = Instant::now();
+    let r = call(
+        &socket,
+        Request::Release {
+            key: key("old"),
+            teardown_link: Some("aliold".into()),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(r, Response::Released { address: Some(_) }),
+        "{r:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(800),
+        "release waited for the teardown"
+    );
+    // Another key wants the only address: it must wait for the old veth to be gone.
+    let new = allocate(&socket, "new").await;
+    let done = Instant::now();
+    let removed = rec.removed.lock().unwrap().clone();
+    assert_eq!(removed.len(), 1);
+    assert_eq!(removed[0].0, "aliold");
+    assert!(
+        removed[0].1 <= done,
+        "address handed out before its old veth was deleted"
+    );
+    assert_eq!(new.address.to_string(), "10.240.0.7");
+
+    // Same again, this time the new attachment reuses the veth name being deleted.
+    call(
+        &socket,
+        Request::Release {
+            key: key("new"),
+            teardown_link: Some("alinew".into()),
+        },
+    )
+    .await
+    .unwrap();
+    match call(&socket, alloc_req("new", Some("alinew"))).await {
+        Ok(Response::Allocated { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let removed = rec.removed.lock().unwrap().clone();
+    assert_eq!(
+        removed.len(),
+        2,
+        "allocate did not wait for the teardown of its veth name"
+    );
+    // A release of an unknown key still deletes the named link.
+    let r = call(
+        &socket,
+        Request::Release {
+            key: key("never"),
+            teardown_link: Some("alinever".into()),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(r, Response::Released { address: None });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !rec.names().contains(&"alinever".to_owned()) {
+        assert!(Instant::now() < deadline, "unowned link never deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_releases_stale_leases_and_tears_down_their_veths() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let rec = Arc::new(Recorder::default());
+    let d = env.start(rec.clone()).await;
+    let socket = env.socket();
+    for c in ["keep", "stale1", "stale2"] {
+        call(&socket, alloc_req(c, Some(&format!("ali{c}"))))
+            .await
+            .unwrap();
+    }
+    let r = call(
+        &socket,
+        Request::Gc {
+            network: "net".into(),
+            valid: vec![Attachment {
+                container_id: "keep".into(),
+                ifname: "eth0".into(),
+            }],
+        },
+    )
+    .await
+    .unwrap();
+    let Response::GcDone { released } = r else {
+        panic!("{r:?}")
+    };
+    let mut gone: Vec<_> = released
+        .iter()
+        .map(|l| l.key.container_id.clone())
+        .collect();
+    gone.sort();
+    assert_eq!(gone, ["stale1", "stale2"]);
+    let left = list(&socket).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].key.container_id, "keep");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rec.names().len() < 2 {
+        assert!(Instant::now() < deadline, "gc did not delete the veths");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut names = rec.names();
+    names.sort();
+    assert_eq!(names, ["alistale1", "alistale2"]);
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_stats_report_exhaustion_and_cooling() {
+    let env = Env::new("cooldown = \"130s\"", "cidrs = [\"10.240.1.0/30\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    assert_eq!(
+        call(&socket, Request::Status { pool: None }).await.unwrap(),
+        Response::Status {
+            ready: true,
+            free: 4,
+            reason: None
+        }
+    );
+    for c in ["a", "b", "c", "d"] {
+        allocate(&socket, c).await;
+    }
+    call(
+        &socket,
+        Request::Release {
+            key: key("a"),
+            teardown_link: None,
+        },
+    )
+    .await
+    .unwrap();
+    match call(&socket, Request::Status { pool: None }).await.unwrap() {
+        Response::Status {
+            ready: false,
+            free: 0,
+            reason: Some(r),
+        } => assert!(r.contains("3 allocated, 1 cooling"), "{r}"),
+        other => panic!("{other:?}"),
+    }
+    match call(&socket, alloc_req("e", None)).await {
+        Err(ClientError::Refused { kind, message }) => {
+            assert_eq!(kind, ErrorKind::OnlyCooling);
+            assert!(
+                message.contains("pool 'secondary' (10.240.1.0/30, 4 addresses) has no free address: 3 allocated, 1 cooling"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    match call(&socket, Request::Stats).await.unwrap() {
+        Response::Stats { pools } => {
+            assert_eq!(pools.len(), 1);
+            let p = &pools[0];
+            assert_eq!(
+                (p.total, p.allocated, p.cooling, p.free),
+                (4, 3, 1, 0),
+                "{p:?}"
+            );
+            assert_eq!(p.source, "static");
+        }
+        other => panic!("{other:?}"),
+    }
+    match call(
+        &socket,
+        Request::Status {
+            pool: Some("nope".into()),
+        },
+    )
+    .await
+    {
+        Err(ClientError::Refused { kind, .. }) => assert_eq!(kind, ErrorKind::UnknownPool),
+        other => panic!("{other:?}"),
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_is_private_and_a_stale_one_is_replaced() {
+    let env = Env::new("", "ips = [\"10.240.0.1\"]");
+    let socket = env.socket();
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    // A socket file nobody listens on, as a crashed daemon leaves behind.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(list(&socket).await, vec![]);
+
+    // A second daemon on the same state directory or socket is refused.
+    let err = aliasnet_ipam::daemon::Daemon::start(&env.config, Arc::new(Recorder::default()))
+        .await
+        .err()
+        .expect("second daemon refused");
+    assert!(err.to_string().contains("in use"), "{err}");
+    d.shutdown().await;
+}

@@ -1,0 +1,101 @@
+//! The release spool DEL writes while the daemon is down.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use aliasnet_ipam::{daemon::SPOOL_RESCAN, service::now_ms};
+use aliasnet_ipam_proto::spool::{self, SpoolEntry};
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spool_is_applied_at_start_and_rescanned_while_running() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let before_b = now_ms();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    for c in ["a", "b", "keep"] {
+        allocate(&socket, c).await;
+    }
+    d.shutdown().await;
+
+    let dir = &env.config.spool_dir;
+    // DEL of "a" while the daemon was down, with its host veth still to delete.
+    spool::write(
+        dir,
+        &SpoolEntry {
+            key: key("a"),
+            host_veth: Some("alispoola".into()),
+            released_at_ms: now_ms(),
+        },
+    )
+    .unwrap();
+    // A DEL of "b" older than b's current allocation: stale, must not release it.
+    spool::write(
+        dir,
+        &SpoolEntry {
+            key: key("b"),
+            host_veth: Some("alispoolb".into()),
+            released_at_ms: before_b,
+        },
+    )
+    .unwrap();
+    // A DEL for a key the daemon never saw.
+    spool::write(
+        dir,
+        &SpoolEntry {
+            key: key("unknown"),
+            host_veth: None,
+            released_at_ms: now_ms(),
+        },
+    )
+    .unwrap();
+    std::fs::write(dir.join("0000garbage.json"), b"{ not json").unwrap();
+
+    let rec = Arc::new(Recorder::default());
+    let d = env.start(rec.clone()).await;
+    let mut left: Vec<String> = list(&socket)
+        .await
+        .into_iter()
+        .map(|l| l.key.container_id)
+        .collect();
+    left.sort();
+    assert_eq!(left, ["b", "keep"], "applied before serving");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["0000garbage.json.bad"],
+        "applied entries are removed"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rec.names().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spooled veth never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(rec.names(), ["alispoola"]);
+
+    // A DEL that spooled while the daemon was running (it raced a restart) is picked up too.
+    spool::write(
+        dir,
+        &SpoolEntry {
+            key: key("keep"),
+            host_veth: None,
+            released_at_ms: now_ms(),
+        },
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + SPOOL_RESCAN + Duration::from_secs(5);
+    while list(&socket).await.len() != 1 {
+        assert!(std::time::Instant::now() < deadline, "spool not rescanned");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    d.shutdown().await;
+}
