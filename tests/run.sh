@@ -9,3 +9,5 @@ bash tests/setup.sh
 cargo build --release --workspace --bins
 export ALIASNET_BIN_DIR="$PWD/target/release"
 cargo test --release --workspace -- --test-threads="${TEST_THREADS:-4}"
+# Real runtimes (podman, containerd), install.sh and manifests; ends with "runtimes: N passed, N failed".
+bash tests/runtimes/run.sh

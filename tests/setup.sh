@@ -8,6 +8,9 @@ pkgs=(
   iproute2 util-linux procps                    # ip, nsenter, sysctl for the netns test fabric
   iputils-ping tcpdump iperf3 ethtool jq        # traffic checks and captures in tests
   containernetworking-plugins                   # reference ptp/host-local/bandwidth for benchmarks
+  prometheus                                    # promtool + a real Prometheus for the metrics tests
+  podman runc conmon containerd busybox-static catatonit uidmap slirp4netns fuse-overlayfs  # tests/runtimes: real runtimes
+  shellcheck inotify-tools strace python3-venv iptables                                      # tests/runtimes: install.sh checks
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -19,6 +22,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 \
     --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# tests/runtimes/manifests.sh: offline Kubernetes schema validation.
+[ -x /var/tmp/aliasnet-kv/bin/kubernetes-validate ] || {
+  python3 -m venv /var/tmp/aliasnet-kv && /var/tmp/aliasnet-kv/bin/pip install -q kubernetes-validate==1.37.0; }
 
 # Pinned eBPF objects live under /sys/fs/bpf/aliasnet; a fresh machine has no bpffs mounted.
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf

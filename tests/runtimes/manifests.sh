@@ -72,7 +72,7 @@ for (f, kind, name), d in docs.items():
         err(f"{where}: priorityClassName must be system-node-critical")
     if d["spec"].get("updateStrategy", {}).get("type") != "RollingUpdate":
         err(f"{where}: updateStrategy must be RollingUpdate")
-    allowed_caps = {"ipamd": {"NET_ADMIN"}, "shaperd": {"BPF", "NET_ADMIN", "SYS_ADMIN"}}
+    allowed_caps = {"ipamd": {"NET_ADMIN"}, "shaperd": {"BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN"}}
     for c in spec.get("initContainers", []) + spec["containers"]:
         cw = f"{where} container {c['name']}"
         sc = c.get("securityContext", {})
@@ -132,6 +132,111 @@ test_agents_link_no_kubernetes_client() {
     [[ -z $bad ]] || fail "$pkg depends on: $bad"
     log "$pkg: $(awk '{print $1}' <<<"$deps" | sort -u | wc -l) crates, none a Kubernetes or HTTP client"
   done
+}
+
+# manifest_caps CONTAINER: the capabilities install/aliasnet.yaml adds for CONTAINER, as a
+# setpriv bounding set ("-all,+net_admin,...").
+manifest_caps() {
+  "$KV_VENV/bin/python" - "$REPO/install/aliasnet.yaml" "$1" <<'EOF'
+import sys, yaml
+for d in yaml.safe_load_all(open(sys.argv[1])):
+    if d and d["kind"] == "DaemonSet":
+        spec = d["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            if c["name"] == sys.argv[2]:
+                caps = c.get("securityContext", {}).get("capabilities", {}).get("add", [])
+                print(",".join(["-all"] + ["+" + x.lower() for x in caps]))
+                sys.exit(0)
+sys.exit("no container " + sys.argv[2])
+EOF
+}
+
+# Each agent does its job with exactly the capabilities the manifest grants it (and
+# no_new_privs, as allowPrivilegeEscalation: false): install.sh with none, ipamd with NET_ADMIN
+# (it deletes a released pod's host veth), shaperd with BPF, PERFMON, NET_ADMIN, SYS_ADMIN. And
+# the grants are needed: without them ipamd cannot delete the veth and shaperd cannot load.
+test_agents_work_with_only_the_manifest_capabilities() {
+  need_bins aliasnet aliasnet-ipamd aliasnet-shaperd
+  [[ -x $KV_VENV/bin/python ]] || skip "no venv at $KV_VENV"
+  local c_install c_ipamd c_shaperd dir=$SCRATCH node=ancap-n-$RT_ID pod=ancap-p-$RT_ID
+  c_install=$(manifest_caps install)
+  c_ipamd=$(manifest_caps ipamd)
+  c_shaperd=$(manifest_caps shaperd)
+  log "install: $c_install; ipamd: $c_ipamd; shaperd: $c_shaperd"
+
+  # install.sh into a scratch root, with no capability at all.
+  local r=$dir/root
+  mkdir -p "$r/etc/aliasnet"
+  printf '[[pool]]\nname = "p"\nsource = "static"\ncidrs = ["10.235.0.0/29"]\n' >"$r/etc/aliasnet/node-pools.toml"
+  setpriv --bounding-set "$c_install" --nnp "$REPO/install/install.sh" --bin-dir "$BIN_DIR" \
+    --cni-bin-dir "$r/opt/cni/bin" --cni-conf-dir "$r/etc/cni/net.d" --config-dir "$r/etc/aliasnet" \
+    2>"$dir/install.log" || fail "install.sh without capabilities: $(cat "$dir/install.log")"
+
+  # ipamd with NET_ADMIN only: ADD, then DEL whose host veth the daemon deletes.
+  new_netns "$node"
+  new_netns "$pod"
+  ip -n "$node" link add eth0 type veth peer name uplink-peer
+  ip -n "$node" link set uplink-peer up
+  ip -n "$node" link set eth0 up
+  ip -n "$node" addr add 198.51.100.2/24 dev eth0
+  ip -n "$node" route add default via 198.51.100.1
+  local caps round conf veth pid
+  for round in granted none; do
+    caps=$c_ipamd
+    [[ $round == none ]] && caps=-all
+    mkdir -p "$dir/$round"
+    ipamd_config "$dir/$round" 10.235.0.0/29
+    in_ns "$node" setpriv --bounding-set "$caps" --nnp "$BIN_DIR/aliasnet-ipamd" --config "$dir/$round/ipamd.toml" \
+      >>"$dir/$round/ipamd.log" 2>&1 &
+    pid=$!
+    defer "stop_pid $pid"
+    for _ in $(seq 100); do [[ -S $dir/$round/ipamd.sock ]] && break; sleep 0.05; done
+    [[ -S $dir/$round/ipamd.sock ]] || fail "ipamd ($round) did not start: $(tail -n5 "$dir/$round/ipamd.log")"
+    conf=$(jq -nc --arg d "$dir/$round" '{cniVersion: "1.0.0", name: "caps", type: "aliasnet",
+      ipamSocket: ($d + "/ipamd.sock"), spoolDir: ($d + "/spool"), asyncTeardown: true}')
+    CNI_COMMAND=ADD CNI_CONTAINERID=cid-$round CNI_NETNS=/run/netns/$pod CNI_IFNAME=eth0 CNI_PATH=/ \
+      in_ns "$node" "$BIN_DIR/aliasnet" <<<"$conf" >"$dir/$round/add.json" || fail "ADD ($round) failed"
+    veth=$(jq -r '.interfaces[] | select(.sandbox == null) | .name' "$dir/$round/add.json")
+    CNI_COMMAND=DEL CNI_CONTAINERID=cid-$round CNI_NETNS=/run/netns/$pod CNI_IFNAME=eth0 CNI_PATH=/ \
+      in_ns "$node" "$BIN_DIR/aliasnet" <<<"$conf" || fail "DEL ($round) failed"
+    for _ in $(seq 40); do ip -n "$node" link show "$veth" >/dev/null 2>&1 || break; sleep 0.05; done
+    if [[ $round == granted ]]; then
+      if ip -n "$node" link show "$veth" >/dev/null 2>&1; then
+        fail "ipamd with $caps did not delete $veth: $(tail -n5 "$dir/$round/ipamd.log")"
+      fi
+    else
+      ip -n "$node" link show "$veth" >/dev/null 2>&1 ||
+        fail "ipamd without capabilities deleted $veth: is NET_ADMIN really needed?"
+      log "without NET_ADMIN the veth stays: $(grep -m1 -io 'operation not permitted' "$dir/$round/ipamd.log" || echo "(no EPERM logged)")"
+      ip -n "$node" link del "$veth"
+    fi
+    stop_pid "$pid"
+  done
+
+  # shaperd with its grants loads and pins the datapath (private bpffs instance); without
+  # BPF/SYS_ADMIN it cannot.
+  mkdir "$dir/bpf"
+  mount -t bpf bpf "$dir/bpf"
+  defer "umount $dir/bpf"
+  in_ns "$node" setpriv --bounding-set "$c_shaperd" --nnp "$BIN_DIR/aliasnet-shaperd" --once \
+    --config "$REPO/install/etc/shaper.toml" --pin-root "$dir/bpf/aliasnet" >"$dir/shaperd.log" 2>&1 ||
+    fail "shaperd with $c_shaperd failed: $(tail -n5 "$dir/shaperd.log")"
+  [[ -e $dir/bpf/aliasnet/progs/an_host_ingress ]] || fail "shaperd did not pin the program the readiness probe checks"
+  # SYS_ADMIN is for setns into pod netns (not exercised by --once) and implies BPF and
+  # PERFMON, so each of the others is dropped together with it: every one must be needed.
+  local drop
+  for drop in bpf perfmon net_admin; do
+    caps=$(sed -e "s/,+$drop//; s/,+sys_admin//" <<<"$c_shaperd")
+    if in_ns "$node" setpriv --bounding-set "$caps" --nnp "$BIN_DIR/aliasnet-shaperd" --once \
+      --config "$REPO/install/etc/shaper.toml" --pin-root "$dir/bpf/without-$drop" >"$dir/shaperd-$drop.log" 2>&1; then
+      fail "shaperd installed the datapath with $caps: is ${drop^^} really needed?"
+    fi
+    log "shaperd with $caps: $(grep -m1 -o 'Permission denied\|Operation not permitted' "$dir/shaperd-$drop.log" || echo failed)"
+  done
+  caps=${c_shaperd/,+sys_admin/}
+  in_ns "$node" setpriv --bounding-set "$caps" --nnp "$BIN_DIR/aliasnet-shaperd" --once \
+    --config "$REPO/install/etc/shaper.toml" --pin-root "$dir/bpf/without-sys_admin" >"$dir/shaperd-nosa.log" 2>&1 ||
+    fail "shaperd needs SYS_ADMIN beyond setns: $(tail -n3 "$dir/shaperd-nosa.log")"
 }
 
 # unexpected_destinations STRACE SOCKET: the sockaddrs that connect/sendto/sendmsg calls in

@@ -77,8 +77,8 @@ EOF
   chroot "$rootfs" /bin/busybox --install -s /bin
   echo 'root:x:0:0:root:/root:/bin/sh' >"$rootfs/etc/passwd"
   echo 'root:x:0:' >"$rootfs/etc/group"
-  tar -C "$rootfs" -c . | pm import --change 'CMD ["/bin/sh"]' - localhost/busybox:latest >/dev/null ||
-    fail "podman import failed"
+  tar -C "$rootfs" -c . | pm import --change 'CMD ["/bin/sh"]' - localhost/busybox:latest >/dev/null 2>"$S/import.log" ||
+    fail "podman import failed: $(cat "$S/import.log")"
 }
 
 pm() {
