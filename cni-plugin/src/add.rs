@@ -1,6 +1,7 @@
 //! ADD: reserve an address, build the veth pair with the peer born in the pod's netns, wire
-//! the /32 + link-local-gateway datapath, and return the result. Any failure after something
-//! was created rolls everything back, the reservation included.
+//! the /32 + link-local-gateway datapath, attach the eBPF datapath (classification, counters,
+//! shaping; see `datapath.rs`), and return the result. Any failure after something was created
+//! rolls everything back, the reservation included.
 //!
 //! The daemon round trip (which includes its fsync) is the longest step, so the Allocate goes
 //! out on a helper thread right after connecting, and this thread sets up netlink and creates
@@ -15,7 +16,7 @@ use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, Lease, PodRef, Request,
 use anyhow::{Context, Result};
 
 use crate::{
-    ipam,
+    datapath, ipam,
     netns::NetNs,
     nl::{self, nl_err, Link, Nl, GATEWAY},
     output, sysctl,
@@ -89,6 +90,14 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
     let host_veth = host_veth_name(&conf.host_veth_prefix, &key);
     let netns = NetNs::open(&env.netns)?;
+    // Everything that can reject the pod without side effects comes before the Allocate: bad
+    // bandwidth values, a limit we cannot honour, the datapath not pinned yet.
+    let wanted = datapath::requested(conf)?;
+    let mut dp = datapath::open_for_add(conf, &wanted)?;
+    if dp.is_some() {
+        datapath::check_identity(&args, env)?;
+    }
+    let t_dp_open = t0.elapsed();
     let rt = crate::runtime()?;
     // Connecting first means "daemon down" fails before anything exists (code 11).
     let mut client = ipam::connect(conf).map_err(|e| ipam::to_cni(&e))?;
@@ -121,18 +130,32 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value> {
             }
         };
         let res = attach(conf, env, &host_veth, &netns, &host, &pod, &mut progress).await;
+        let t_net = t0.elapsed();
+        // Last step: on failure the library has undone its part and the rollback below
+        // removes the veth and the lease.
+        let res = res.and_then(|(result, ip)| {
+            if let Some(dp) = dp.as_mut() {
+                let id = datapath::identity(&args, env, ip);
+                datapath::attach(conf, dp, &host_veth, env, id, wanted.limits)?;
+            }
+            Ok(result)
+        });
+        let t_attach = t0.elapsed() - t_net;
         match res {
-            Ok(r) => Ok(r),
+            Ok(r) => Ok((r, t_net, t_attach)),
             Err(e) => Err(rollback(conf, &key, &host, &mut progress, e).await),
         }
     });
     // The process exits right after; skip the orderly wind-down of the runtime.
     rt.shutdown_background();
-    let ours = outcome?;
+    let (ours, t_net, t_attach) = outcome?;
     let mut result = prev.unwrap_or_default();
     result.merge(ours);
     tracing::debug!(
+        datapath_open_us = t_dp_open.as_micros() as u64,
         setup_us = t_setup.as_micros() as u64,
+        network_us = t_net.as_micros() as u64,
+        datapath_attach_us = t_attach.as_micros() as u64,
         total_us = t0.elapsed().as_micros() as u64,
         "ADD done"
     );
@@ -147,7 +170,7 @@ async fn attach(
     host: &Nl,
     pod: &Nl,
     progress: &mut Progress,
-) -> Result<CniResult> {
+) -> Result<(CniResult, std::net::Ipv4Addr)> {
     let t0 = Instant::now();
     let ifname = env.ifname.as_str();
     let host_veth = host_veth.to_owned();
@@ -276,7 +299,7 @@ async fn attach(
     tracing::info!(%ip, host_veth, mtu, "attached");
 
     let gw = IpAddr::V4(GATEWAY);
-    Ok(CniResult {
+    let result = CniResult {
         interfaces: vec![
             Interface {
                 name: host_veth.clone(),
@@ -302,7 +325,8 @@ async fn attach(
             .map(|&(dst, len)| Route::new(IpNet::new(IpAddr::V4(dst), len), Some(gw)))
             .collect(),
         dns: conf.dns.clone().unwrap_or_default(),
-    })
+    };
+    Ok((result, ip))
 }
 
 /// MTU of the default route's interface; without one the operator must say.

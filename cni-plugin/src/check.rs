@@ -1,5 +1,5 @@
-//! CHECK: every piece ADD made must still be there and right. All problems are collected and
-//! reported together, each naming the piece.
+//! CHECK: every piece ADD made must still be there and right, the eBPF datapath attachment and
+//! its limits included. All problems are collected and reported together, each naming the piece.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -9,7 +9,7 @@ use anyhow::Result;
 use rtnetlink::packet_route::route::RouteScope;
 
 use crate::{
-    ipam,
+    datapath, ipam,
     netns::NetNs,
     nl::{format_mac, nl_err, Nl, GATEWAY},
 };
@@ -74,6 +74,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<()> {
     });
     rt.shutdown_background();
     let mut problems = problems?;
+    problems.extend(datapath::check(conf, &env.container_id, ifname, &veth, ip)?);
 
     match ipam::call(conf, &Request::Check { key: key.clone() }) {
         Ok(Response::Lease { lease: Some(l) }) if l.address == ip => {}

@@ -13,13 +13,20 @@ use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, ClientError, Request, R
 use anyhow::Result;
 
 use crate::{
-    ipam,
+    datapath, ipam,
     nl::{nl_err, Nl},
 };
 
 pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
     let veth = host_veth_name(&conf.host_veth_prefix, &key);
+    // Before the veth goes: the attachment is found by key, and its qdiscs still exist.
+    let t0 = std::time::Instant::now();
+    datapath::detach(conf, &env.container_id, &env.ifname);
+    tracing::debug!(
+        datapath_detach_us = t0.elapsed().as_micros() as u64,
+        "DEL timings"
+    );
     if conf.async_teardown {
         let req = Request::Release {
             key: key.clone(),

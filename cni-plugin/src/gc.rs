@@ -1,11 +1,12 @@
 //! GC: the daemon releases every lease of this network not in the valid list and tears down
-//! those attachments' host veths.
+//! those attachments' host veths; then the eBPF datapath drops the released attachments and
+//! any whose host veth is gone (best effort; failures are reported with code 110).
 
-use aliasnet_cni_types::{CniError, NetConf};
+use aliasnet_cni_types::{code, CniError, NetConf};
 use aliasnet_ipam_proto::{Attachment, Request, Response};
 use anyhow::Result;
 
-use crate::ipam;
+use crate::{datapath, ipam};
 
 pub fn run(conf: &NetConf) -> Result<()> {
     let Some(valid) = &conf.valid_attachments else {
@@ -26,14 +27,30 @@ pub fn run(conf: &NetConf) -> Result<()> {
             })
             .collect(),
     };
-    match ipam::call(conf, &req) {
+    let (ipam_result, released) = match ipam::call(conf, &req) {
         Ok(Response::GcDone { released }) => {
             for l in &released {
                 tracing::info!(key = %l.key, address = %l.address, "GC released");
             }
-            Ok(())
+            let keys = released
+                .into_iter()
+                .map(|l| (l.key.container_id, l.key.ifname))
+                .collect();
+            (Ok(()), keys)
         }
-        Ok(other) => Err(ipam::unexpected("GC", &other).into()),
-        Err(e) => Err(ipam::to_cni(&e).into()),
+        Ok(other) => (Err(ipam::unexpected("GC", &other)), Vec::new()),
+        Err(e) => (Err(ipam::to_cni(&e)), Vec::new()),
+    };
+    // Best effort whatever the IPAM side did; failures are reported, not swallowed.
+    let dp_errors = datapath::gc(conf, &released);
+    match (ipam_result, dp_errors.is_empty()) {
+        (Ok(()), true) => Ok(()),
+        (Ok(()), false) => Err(CniError::new(code::DATAPATH, dp_errors.join("; ")).into()),
+        (Err(e), true) => Err(e.into()),
+        (Err(e), false) => Err(CniError {
+            msg: format!("{}; {}", e.msg, dp_errors.join("; ")),
+            ..e
+        }
+        .into()),
     }
 }

@@ -6,6 +6,7 @@
 
 mod add;
 mod check;
+mod datapath;
 mod del;
 mod gc;
 mod ipam;

@@ -1,16 +1,19 @@
-//! STATUS: success when an ADD would get an address now; code 50 otherwise.
+//! STATUS: success when an ADD would succeed now (an address is free and, with
+//! `datapath: required`, the eBPF datapath is pinned); code 50 otherwise, naming the reason.
 
 use aliasnet_cni_types::{code, CniError, NetConf};
 use aliasnet_ipam_proto::{ClientError, Request, Response};
 use anyhow::Result;
 
-use crate::ipam;
+use crate::{datapath, ipam};
 
 pub fn run(conf: &NetConf) -> Result<()> {
     let req = Request::Status {
         pool: conf.pool.clone(),
     };
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg).into();
+    // Local and cheap, so first.
+    datapath::status(conf).map_err(unavailable)?;
     match ipam::call(conf, &req) {
         Ok(Response::Status { ready: true, .. }) => Ok(()),
         Ok(Response::Status { free, reason, .. }) => Err(unavailable(format!(

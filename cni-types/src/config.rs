@@ -16,6 +16,8 @@
 //! | `timeoutMs` | 1..=300000 | 5000 | per-call timeout talking to the daemon |
 //! | `dns` | CNI DNS object | none | copied into the ADD result |
 //! | `podRoutes` | IPv4 CIDRs | `["0.0.0.0/0"]` | destinations the pod routes via the gateway (e.g. only the VNet) |
+//! | `bpfPinRoot` | absolute path | `/sys/fs/bpf/aliasnet` | where `aliasnet-shaperd` pinned the eBPF datapath |
+//! | `datapath` | `required`, `optional`, `off` | `required` | whether ADD attaches the eBPF datapath (see [`DatapathMode`]) |
 //!
 //! Unknown keys are tolerated. A value of the wrong type or out of range is a code-7 error
 //! naming the key.
@@ -28,6 +30,31 @@ use crate::{CniError, CniVersion, Dns, RuntimeConfig};
 
 pub const DEFAULT_MTU_MIN: u32 = 68;
 pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
+/// Default `bpfPinRoot`: aliasnet-shaperd's default pin root.
+pub const DEFAULT_BPF_PIN_ROOT: &str = "/sys/fs/bpf/aliasnet";
+
+/// `datapath`: what ADD does about the eBPF datapath (classification, counters, shaping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DatapathMode {
+    /// Every pod is attached; ADD fails (code 11) until aliasnet-shaperd has pinned it.
+    #[default]
+    Required,
+    /// Attach when the pins exist; otherwise warn and go on, unless the pod asks for a
+    /// bandwidth limit (then code 11: a limit is never silently dropped).
+    Optional,
+    /// Never touch bpf; a requested bandwidth limit is a config error (code 7).
+    Off,
+}
+
+impl DatapathMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Required => "required",
+            Self::Optional => "optional",
+            Self::Off => "off",
+        }
+    }
+}
 
 /// Log verbosity for `logFile`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -105,6 +132,9 @@ pub struct NetConf {
     pub prev_result: Option<Value>,
     /// `cni.dev/valid-attachments`, or the older `cni.dev/attachments`.
     pub valid_attachments: Option<Vec<GcAttachment>>,
+    /// bpffs directory of the pinned datapath.
+    pub bpf_pin_root: PathBuf,
+    pub datapath: DatapathMode,
 }
 
 impl NetConf {
@@ -172,6 +202,23 @@ impl RawConf {
             },
         };
         let async_teardown = f.opt_bool("asyncTeardown")?.unwrap_or(true);
+        let bpf_pin_root = f
+            .opt_abs_path("bpfPinRoot")?
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_BPF_PIN_ROOT));
+        let datapath = match f.opt_str("datapath")? {
+            None => DatapathMode::default(),
+            Some(s) => match s.to_ascii_lowercase().as_str() {
+                "required" => DatapathMode::Required,
+                "optional" => DatapathMode::Optional,
+                "off" => DatapathMode::Off,
+                _ => {
+                    return Err(CniError::config(
+                        "datapath",
+                        format!("{s:?} is not one of required, optional, off"),
+                    ))
+                }
+            },
+        };
         let timeout_ms = f.opt_u64("timeoutMs")?.unwrap_or(DEFAULT_TIMEOUT_MS);
         if !(1..=300_000).contains(&timeout_ms) {
             return Err(CniError::config(
@@ -225,6 +272,8 @@ impl RawConf {
             args,
             prev_result,
             valid_attachments,
+            bpf_pin_root,
+            datapath,
         })
     }
 }
@@ -245,11 +294,17 @@ fn parse_pod_routes(v: &Value) -> Result<Vec<(std::net::Ipv4Addr, u8)>, CniError
         let std::net::IpAddr::V4(addr) = net.addr else {
             return Err(CniError::config(&field, format!("{s:?} is not IPv4")));
         };
-        let mask = u32::MAX.checked_shl(32 - u32::from(net.prefix_len)).unwrap_or(0);
+        let mask = u32::MAX
+            .checked_shl(32 - u32::from(net.prefix_len))
+            .unwrap_or(0);
         if u32::from(addr) & !mask != 0 {
             return Err(CniError::config(
                 &field,
-                format!("{s:?} has host bits set; did you mean {}/{}?", std::net::Ipv4Addr::from(u32::from(addr) & mask), net.prefix_len),
+                format!(
+                    "{s:?} has host bits set; did you mean {}/{}?",
+                    std::net::Ipv4Addr::from(u32::from(addr) & mask),
+                    net.prefix_len
+                ),
             ));
         }
         if out.contains(&(addr, net.prefix_len)) {
@@ -380,6 +435,32 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_millis(5000));
         assert_eq!(c.log_level, LogLevel::Info);
         assert!(c.valid_attachments.is_none());
+        assert_eq!(c.bpf_pin_root, PathBuf::from("/sys/fs/bpf/aliasnet"));
+        assert_eq!(c.datapath, DatapathMode::Required);
+    }
+
+    #[test]
+    fn datapath_keys() {
+        let c = NetConf::parse(&with("bpfPinRoot", json!("/sys/fs/bpf/x"))).unwrap();
+        assert_eq!(c.bpf_pin_root, PathBuf::from("/sys/fs/bpf/x"));
+        for (v, want) in [
+            ("required", DatapathMode::Required),
+            ("Optional", DatapathMode::Optional),
+            ("off", DatapathMode::Off),
+        ] {
+            assert_eq!(
+                NetConf::parse(&with("datapath", json!(v)))
+                    .unwrap()
+                    .datapath,
+                want
+            );
+        }
+        assert_eq!(
+            NetConf::parse(&with("datapath", Value::Null))
+                .unwrap()
+                .datapath,
+            DatapathMode::Required
+        );
     }
 
     #[test]
@@ -399,7 +480,10 @@ mod tests {
         ] {
             let e = NetConf::parse(&with("podRoutes", bad.clone())).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
-            assert!(format!("{} {}", e.msg, e.details).contains(needle), "{bad}: {e:?}");
+            assert!(
+                format!("{} {}", e.msg, e.details).contains(needle),
+                "{bad}: {e:?}"
+            );
         }
     }
 
@@ -500,6 +584,10 @@ mod tests {
             (with("logLevel", json!("loud")), 7, "logLevel"),
             (with("asyncTeardown", json!("yes")), 7, "asyncTeardown"),
             (with("timeoutMs", json!(0)), 7, "timeoutMs"),
+            (with("bpfPinRoot", json!("bpf/aliasnet")), 7, "bpfPinRoot"),
+            (with("bpfPinRoot", json!(1)), 7, "bpfPinRoot"),
+            (with("datapath", json!("sometimes")), 7, "datapath"),
+            (with("datapath", json!(true)), 7, "datapath"),
             (with("timeoutMs", json!("5s")), 7, "timeoutMs"),
             (with("dns", json!({"nameservers": "1.1.1.1"})), 7, "dns"),
             (with("capabilities", json!(true)), 7, "capabilities"),

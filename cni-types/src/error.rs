@@ -8,9 +8,9 @@
 //! | 4    | Invalid environment variables (spec) | missing or malformed `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_ARGS` (the message names them); `CNI_NETNS` that is not a network namespace or is the host's own |
 //! | 5    | I/O error (spec) | stdin unreadable; DEL could not write the release spool while the daemon was down |
 //! | 6    | Decode error (spec) | stdin is not a JSON object |
-//! | 7    | Invalid network configuration (spec) | a config value of the wrong type or out of range (the message names the field); no default route and no `mtu`; CHECK without `prevResult`; GC without `cni.dev/valid-attachments` |
-//! | 11   | Try again later (spec) | `aliasnet-ipamd` unreachable, timed out, or starting/stopping |
-//! | 50   | Plugin not available (spec) | STATUS: daemon unreachable or no free address |
+//! | 7    | Invalid network configuration (spec) | a config value of the wrong type or out of range (the message names the field); no default route and no `mtu`; CHECK without `prevResult`; GC without `cni.dev/valid-attachments`; an invalid bandwidth value (`runtimeConfig.bandwidth.*` or a bandwidth annotation, named); a bandwidth limit with `datapath: off` |
+//! | 11   | Try again later (spec) | `aliasnet-ipamd` unreachable, timed out, or starting/stopping; ADD: the eBPF datapath is not pinned yet (`datapath: required`, or `optional` with a bandwidth limit) |
+//! | 50   | Plugin not available (spec) | STATUS: daemon unreachable or no free address; `datapath: required` and the datapath is not pinned |
 //! | 100  | Internal error | an unexpected failure, including a panic |
 //! | 101  | Interface exists | ADD: `CNI_IFNAME` already exists in the pod's netns |
 //! | 102  | Pool exhausted | ADD: the daemon has no free address (daemon's message included) |
@@ -21,6 +21,7 @@
 //! | 107  | Check failed | CHECK: a piece of the attachment is missing or wrong (the message names it) |
 //! | 108  | Sysctl error | a host sysctl (ip_forward, rp_filter, accept_ra) could not be set |
 //! | 109  | Netns error | the pod's netns could not be entered |
+//! | 110  | Datapath error | the eBPF datapath could not be attached, read or detached (pinned maps of another ABI, no free pod slot, a map, program, link or qdisc operation failed); GC: the datapath sweep failed |
 
 use serde_json::{json, Value};
 
@@ -45,6 +46,7 @@ pub mod code {
     pub const CHECK_FAILED: u32 = 107;
     pub const SYSCTL: u32 = 108;
     pub const NETNS: u32 = 109;
+    pub const DATAPATH: u32 = 110;
 }
 
 /// A CNI error: what the plugin prints on stdout (with `cniVersion`) when it fails.

@@ -9,7 +9,7 @@ use std::{
 
 use crate::{
     frame::{self, FrameError},
-    msg::{ErrorKind, Request, Response},
+    msg::{ErrorKind, Lease, Request, Response},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -108,5 +108,63 @@ impl Client {
                 source,
             }),
         }
+    }
+}
+
+impl Client {
+    /// One page of leases above `after` in address order, and where the next page starts.
+    pub fn list_page(
+        &mut self,
+        after: Option<std::net::Ipv4Addr>,
+        limit: Option<u32>,
+    ) -> Result<(Vec<Lease>, Option<std::net::Ipv4Addr>), ClientError> {
+        match self.call(&Request::ListPage { after, limit })? {
+            Response::LeasePage { leases, next } => Ok((leases, next)),
+            other => Err(self.unexpected("ListPage", &other)),
+        }
+    }
+
+    /// Every lease, in address order, fetched page by page (works at any lease count).
+    pub fn list_all(&mut self) -> Result<Vec<Lease>, ClientError> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, next) = self.list_page(after, None)?;
+            all.extend(page);
+            match next {
+                Some(n) => after = Some(n),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    fn unexpected(&self, what: &str, resp: &Response) -> ClientError {
+        ClientError::Protocol {
+            path: self.path.clone(),
+            source: FrameError::Unexpected(format!("{what} answered with {resp:?}")),
+        }
+    }
+}
+
+/// Record one CNI operation in the daemon's metrics (`RecordOp`): `verb` is the CNI command,
+/// `code` the CNI error code of the result (0 = success), `duration` what the operation took.
+/// One short round trip on a fresh connection, bounded by `timeout` (the plugin should pass a
+/// small one, e.g. 100 ms, and ignore errors: metrics must never fail or delay a pod).
+pub fn record_op(
+    socket: impl AsRef<Path>,
+    verb: &str,
+    code: u32,
+    duration: Duration,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let mut c = Client::connect(socket, timeout)?;
+    let req = Request::RecordOp {
+        verb: verb.to_owned(),
+        code,
+        duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+    };
+    match c.call(&req)? {
+        Response::Recorded => Ok(()),
+        other => Err(c.unexpected("RecordOp", &other)),
     }
 }

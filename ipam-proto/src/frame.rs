@@ -23,6 +23,9 @@ pub enum FrameError {
     Decode(#[source] serde_json::Error),
     #[error("peer speaks protocol version {got}, this side speaks {PROTOCOL_VERSION}")]
     Version { got: u32 },
+    /// A well-formed reply of the wrong kind for the request.
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
 }
 
 /// Encode `body` as one frame (header included).

@@ -26,6 +26,20 @@ pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/aliasnet/spool";
 /// Default prefix of host-side veth names. Short, so prefix + hash fits in IFNAMSIZ - 1 (15).
 pub const DEFAULT_HOST_VETH_PREFIX: &str = "ali";
 
+/// Network of the leases `aliasnet-ipamd recover` rebuilds from the kernel, whose real key is
+/// unknown (the host veth name is a hash of it). Not a valid CNI network name (those start with
+/// a letter or digit), so it never collides with a real one. Such a lease has the key
+/// `(RECOVERED_NETWORK, <host veth name>, "-")` and `host_veth` set; the daemon releases it
+/// when a Release names that veth (as `teardown_link`, or through the key it hashes to), when
+/// the veth stays gone (reconcile), or with a GC of any network that does not list it while
+/// its veth is gone.
+pub const RECOVERED_NETWORK: &str = "_recovered";
+
+/// The key under which a recovered lease of `host_veth` is stored.
+pub fn recovered_key(host_veth: &str) -> AttachmentKey {
+    AttachmentKey::new(RECOVERED_NETWORK, host_veth, "-")
+}
+
 /// Host-side veth name for an attachment: `prefix` followed by a hash of the attachment key,
 /// truncated to the kernel's 15-character limit.
 ///

@@ -60,6 +60,14 @@ pub struct Lease {
     pub host_veth: Option<String>,
     /// Milliseconds since the Unix epoch.
     pub allocated_at_ms: u64,
+    /// The address has disappeared from the pool's cloud metadata while leased (`azure-imds`
+    /// pools): the pod keeps it, but it is not handed out again after release.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub missing: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A container attachment named in a GC request's valid list.
@@ -93,8 +101,21 @@ pub enum Request {
     },
     /// Look up the lease of `key`.
     Check { key: AttachmentKey },
-    /// Every lease.
+    /// Every lease, sorted by address. Answered with an `Internal` error when the reply would
+    /// exceed the frame limit (more than ~20,000 leases): use [`Request::ListPage`].
     List,
+    /// One page of leases in address order: those with an address above `after` (from the
+    /// lowest when absent), at most `limit` (default [`LIST_PAGE_DEFAULT`], at most
+    /// [`LIST_PAGE_MAX`]; the daemon may return fewer to stay under the frame limit). Answered
+    /// with [`Response::LeasePage`]; pass its `next` as `after` until `next` is `None`.
+    /// Leases allocated or released meanwhile may or may not appear; a lease that exists for
+    /// the whole walk appears exactly once.
+    ListPage {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<Ipv4Addr>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
     /// Release every lease of `network` whose (container, ifname) is not in `valid`.
     Gc {
         network: String,
@@ -107,7 +128,27 @@ pub enum Request {
     },
     /// Pool usage.
     Stats,
+    /// Count one CNI operation in the daemon's metrics (`aliasnet_cni_operations_total`,
+    /// `aliasnet_cni_operation_duration_seconds`): the plugin is too short-lived to be scraped.
+    /// Not durable, never waits for the disk; answered with [`Response::Recorded`]. `verb` is
+    /// the CNI command (ADD, DEL, CHECK, GC, STATUS, VERSION; case-insensitive), `code` the CNI
+    /// error code of the result (0 = success).
+    RecordOp {
+        verb: String,
+        code: u32,
+        duration_us: u64,
+    },
 }
+
+/// Default page size of [`Request::ListPage`].
+pub const LIST_PAGE_DEFAULT: u32 = 1000;
+/// Largest page size of [`Request::ListPage`].
+pub const LIST_PAGE_MAX: u32 = 10_000;
+
+/// Verbs [`Request::RecordOp`] accepts (the CNI commands), as exported in the `verb` label.
+pub const RECORDED_VERBS: [&str; 6] = ["add", "del", "check", "gc", "status", "version"];
+/// Largest `code` [`Request::RecordOp`] accepts (CNI codes are small; this bounds the label).
+pub const RECORDED_CODE_MAX: u32 = 999;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
@@ -115,10 +156,63 @@ pub struct PoolStats {
     pub source: String,
     pub total: u64,
     pub allocated: u64,
-    /// Released recently, not yet reusable.
+    /// Released recently, not yet reusable (including `pending_teardown`).
     #[serde(default)]
     pub cooling: u64,
     pub free: u64,
+    /// Cooldown over, but the released attachment's host veth is still being deleted (its
+    /// route still points there); reusable within milliseconds. Included in `cooling`.
+    #[serde(default)]
+    pub pending_teardown: u64,
+    /// Leased addresses that disappeared from the pool's metadata (`azure-imds`); included in
+    /// `allocated`, not in `total`. Not handed out again after release unless they reappear.
+    #[serde(default)]
+    pub missing: u64,
+    /// Refresh state of a metadata-backed pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataStatus>,
+}
+
+/// Where a metadata-backed pool (`azure-imds`) stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataStatus {
+    /// Endpoint polled.
+    pub url: String,
+    /// Milliseconds since the Unix epoch of the last read that was applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_ms: Option<u64>,
+    /// Result of the last attempt: ok, changed, throttled, http_error, parse_error, unreachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_result: Option<String>,
+    /// Why the last attempt failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Milliseconds until the next attempt, as of the reply.
+    #[serde(default)]
+    pub next_refresh_in_ms: u64,
+    /// Primary addresses seen (never handed out).
+    #[serde(default)]
+    pub primaries: u64,
+}
+
+/// Node-wide findings of the reconcile against the kernel.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileStats {
+    /// Milliseconds since the Unix epoch of the last completed pass (`None` before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run_ms: Option<u64>,
+    /// Host veths named like ours (prefix + hash) that no lease claims, up to 1,000 names.
+    #[serde(default)]
+    pub orphan_veths: Vec<String>,
+    /// How many such veths there are.
+    #[serde(default)]
+    pub orphan_veth_count: u64,
+    /// Leases whose host veth is gone, waiting out the grace period before release.
+    #[serde(default)]
+    pub veth_missing: u64,
+    /// Leases released because their host veth stayed gone, since the daemon started.
+    #[serde(default)]
+    pub released: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,7 +244,16 @@ pub enum Response {
     },
     Stats {
         pools: Vec<PoolStats>,
+        #[serde(default)]
+        reconcile: ReconcileStats,
     },
+    LeasePage {
+        leases: Vec<Lease>,
+        /// Pass as `after` for the next page; `None` when this was the last.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<Ipv4Addr>,
+    },
+    Recorded,
     Error {
         kind: ErrorKind,
         message: String,

@@ -60,7 +60,11 @@ pub fn write(dir: &Path, entry: &SpoolEntry) -> Result<PathBuf, SpoolError> {
         source,
     };
     fs::create_dir_all(dir).map_err(err)?;
-    let tmp = dir.join(format!(".{}.tmp{}", file_name(&entry.key), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        file_name(&entry.key),
+        std::process::id()
+    ));
     let body = serde_json::to_vec(entry).expect("spool entry serialises");
     let mut f = OpenOptions::new()
         .write(true)

@@ -187,7 +187,9 @@ pub fn plugin_config(
     prev_result: Option<&Value>,
     runtime_config: Option<&Value>,
 ) -> Value {
-    let plugins = conflist["plugins"].as_array().expect("conflist has plugins");
+    let plugins = conflist["plugins"]
+        .as_array()
+        .expect("conflist has plugins");
     let mut conf = plugins[index].clone();
     conf["cniVersion"] = conflist["cniVersion"].clone();
     conf["name"] = conflist["name"].clone();

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use crate::{
     cni::{self, Invocation, Outcome},
     ipamd::{Ipamd, IpamdPaths},
-    shaperd::{ShaperPaths, Shaperd},
     netns::Netns,
+    shaperd::{ShaperPaths, Shaperd},
     unique_tag,
 };
 
@@ -102,7 +102,15 @@ impl Fabric {
 
         // The internet: 203.0.113.0/24 link, 198.51.100.10 behind it.
         vnet.ip(&[
-            "link", "add", "inet", "type", "veth", "peer", "name", "eth0", "netns",
+            "link",
+            "add",
+            "inet",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
             &internet.name,
         ])?;
         vnet.ip(&["addr", "add", "203.0.113.1/24", "dev", "inet"])?;
@@ -136,13 +144,19 @@ impl Fabric {
 }
 
 impl Node {
-    fn new(tag: &str, i: usize, vnet: &Netns, scratch: &std::path::Path, o: &FabricOpts) -> Result<Self> {
+    fn new(
+        tag: &str,
+        i: usize,
+        vnet: &Netns,
+        scratch: &std::path::Path,
+        o: &FabricOpts,
+    ) -> Result<Self> {
         let ns = Netns::new(&format!("an{tag}-node{i}"))?;
         let vnet_if = format!("n{i}");
         let mtu = VNET_MTU.to_string();
         vnet.ip(&[
-            "link", "add", &vnet_if, "mtu", &mtu, "type", "veth", "peer", "name", "eth0",
-            "mtu", &mtu, "netns", &ns.name,
+            "link", "add", &vnet_if, "mtu", &mtu, "type", "veth", "peer", "name", "eth0", "mtu",
+            &mtu, "netns", &ns.name,
         ])?;
         vnet.ip(&["addr", "add", &format!("10.100.{i}.1/24"), "dev", &vnet_if])?;
         vnet.ip(&["link", "set", &vnet_if, "up"])?;
@@ -241,7 +255,9 @@ impl Node {
 
     pub fn cni_raw(&self, inv: &Invocation, stdin: &[u8]) -> Outcome {
         let mut runner = Command::new("nsenter");
-        runner.arg(format!("--net={}", self.ns.path().display())).arg("--");
+        runner
+            .arg(format!("--net={}", self.ns.path().display()))
+            .arg("--");
         cni::invoke(Some(runner), &crate::bin("aliasnet"), inv, stdin).expect("run plugin")
     }
 
@@ -259,7 +275,9 @@ impl Node {
         let inv = Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
             .args(&Self::k8s_args(name, &cid));
         let out = self.cni(&inv, &self.plugin_config(None, None));
-        let result = out.expect_ok(&format!("ADD {name}")).context("ADD printed nothing")?;
+        let result = out
+            .expect_ok(&format!("ADD {name}"))
+            .context("ADD printed nothing")?;
         let ip: Ipv4Addr = result["ips"][0]["address"]
             .as_str()
             .and_then(|a| a.split('/').next())
@@ -284,8 +302,13 @@ impl Node {
 
     /// CHECK a pod.
     pub fn check_pod(&self, pod: &Pod) -> Outcome {
-        let inv = Invocation::new("CHECK", &pod.container_id, Some(&pod.ns.path()), &pod.ifname)
-            .args(&Self::k8s_args(&pod.name, &pod.container_id));
+        let inv = Invocation::new(
+            "CHECK",
+            &pod.container_id,
+            Some(&pod.ns.path()),
+            &pod.ifname,
+        )
+        .args(&Self::k8s_args(&pod.name, &pod.container_id));
         self.cni(&inv, &self.plugin_config(Some(&pod.result), None))
     }
 

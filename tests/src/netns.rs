@@ -9,9 +9,7 @@ use anyhow::{bail, Context, Result};
 
 /// Run a command, failing with its stderr when it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result<Output> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("spawning {cmd:?}"))?;
+    let out = cmd.output().with_context(|| format!("spawning {cmd:?}"))?;
     if !out.status.success() {
         bail!(
             "{:?} failed ({}): {}{}",
@@ -77,7 +75,9 @@ impl Netns {
     /// unlike `ip netns exec` it keeps /sys and therefore bpffs visible.
     pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("nsenter");
-        c.arg(format!("--net={}", self.path().display())).arg("--").arg(prog);
+        c.arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(prog);
         c
     }
 

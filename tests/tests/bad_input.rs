@@ -28,26 +28,168 @@ fn keep(_: &mut Value) {}
 
 fn cases() -> Vec<Case> {
     vec![
-        Case { name: "truncated JSON", inv: same, conf: keep, raw: Some(br#"{"cniVersion":"1.0.0","name":"#), code: 6, names: "" },
-        Case { name: "JSON array instead of object", inv: same, conf: keep, raw: Some(b"[1,2]"), code: 6, names: "" },
-        Case { name: "empty stdin", inv: same, conf: keep, raw: Some(b""), code: 6, names: "" },
-        Case { name: "missing CNI_COMMAND", inv: |i| i.env("CNI_COMMAND", None), conf: keep, raw: None, code: 4, names: "CNI_COMMAND" },
-        Case { name: "unknown CNI_COMMAND", inv: |i| i.env("CNI_COMMAND", Some("FROB")), conf: keep, raw: None, code: 4, names: "CNI_COMMAND" },
-        Case { name: "missing CNI_CONTAINERID", inv: |i| i.env("CNI_CONTAINERID", None), conf: keep, raw: None, code: 4, names: "CNI_CONTAINERID" },
-        Case { name: "missing CNI_NETNS on ADD", inv: |i| i.env("CNI_NETNS", None), conf: keep, raw: None, code: 4, names: "CNI_NETNS" },
-        Case { name: "missing CNI_IFNAME", inv: |i| i.env("CNI_IFNAME", None), conf: keep, raw: None, code: 4, names: "CNI_IFNAME" },
-        Case { name: "CNI_IFNAME too long", inv: |i| i.env("CNI_IFNAME", Some("eth0123456789abcdef")), conf: keep, raw: None, code: 4, names: "CNI_IFNAME" },
-        Case { name: "CNI_IFNAME with a slash", inv: |i| i.env("CNI_IFNAME", Some("eth/0")), conf: keep, raw: None, code: 4, names: "CNI_IFNAME" },
-        Case { name: "malformed CNI_ARGS", inv: |i| i.args("K8S_POD_NAME"), conf: keep, raw: None, code: 4, names: "CNI_ARGS" },
-        Case { name: "unknown CNI_ARGS key without IgnoreUnknown", inv: |i| i.args("FOO=bar"), conf: keep, raw: None, code: 4, names: "FOO" },
-        Case { name: "unsupported cniVersion", inv: same, conf: |c| c["cniVersion"] = json!("9.9.9"), raw: None, code: 1, names: "9.9.9" },
-        Case { name: "missing network name", inv: same, conf: |c| { c.as_object_mut().unwrap().remove("name"); }, raw: None, code: 7, names: "name" },
-        Case { name: "mtu too small", inv: same, conf: |c| c["mtu"] = json!(10), raw: None, code: 7, names: "mtu" },
-        Case { name: "mtu not a number", inv: same, conf: |c| c["mtu"] = json!("big"), raw: None, code: 7, names: "mtu" },
-        Case { name: "ipamSocket not a string", inv: same, conf: |c| c["ipamSocket"] = json!(5), raw: None, code: 7, names: "ipamSocket" },
-        Case { name: "bad CIDR in podRoutes", inv: same, conf: |c| c["podRoutes"] = json!(["10.0.0.0/33"]), raw: None, code: 7, names: "podRoutes" },
-        Case { name: "unknown pool", inv: same, conf: |c| c["pool"] = json!("nope"), raw: None, code: 7, names: "nope" },
-        Case { name: "ADD with a netns that does not exist", inv: |i| i.env("CNI_NETNS", Some("/run/netns/aliasnet-no-such-ns")), conf: keep, raw: None, code: 3, names: "aliasnet-no-such-ns" },
+        Case {
+            name: "truncated JSON",
+            inv: same,
+            conf: keep,
+            raw: Some(br#"{"cniVersion":"1.0.0","name":"#),
+            code: 6,
+            names: "",
+        },
+        Case {
+            name: "JSON array instead of object",
+            inv: same,
+            conf: keep,
+            raw: Some(b"[1,2]"),
+            code: 6,
+            names: "",
+        },
+        Case {
+            name: "empty stdin",
+            inv: same,
+            conf: keep,
+            raw: Some(b""),
+            code: 6,
+            names: "",
+        },
+        Case {
+            name: "missing CNI_COMMAND",
+            inv: |i| i.env("CNI_COMMAND", None),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_COMMAND",
+        },
+        Case {
+            name: "unknown CNI_COMMAND",
+            inv: |i| i.env("CNI_COMMAND", Some("FROB")),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_COMMAND",
+        },
+        Case {
+            name: "missing CNI_CONTAINERID",
+            inv: |i| i.env("CNI_CONTAINERID", None),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_CONTAINERID",
+        },
+        Case {
+            name: "missing CNI_NETNS on ADD",
+            inv: |i| i.env("CNI_NETNS", None),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_NETNS",
+        },
+        Case {
+            name: "missing CNI_IFNAME",
+            inv: |i| i.env("CNI_IFNAME", None),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_IFNAME",
+        },
+        Case {
+            name: "CNI_IFNAME too long",
+            inv: |i| i.env("CNI_IFNAME", Some("eth0123456789abcdef")),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_IFNAME",
+        },
+        Case {
+            name: "CNI_IFNAME with a slash",
+            inv: |i| i.env("CNI_IFNAME", Some("eth/0")),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_IFNAME",
+        },
+        Case {
+            name: "malformed CNI_ARGS",
+            inv: |i| i.args("K8S_POD_NAME"),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "CNI_ARGS",
+        },
+        Case {
+            name: "unknown CNI_ARGS key without IgnoreUnknown",
+            inv: |i| i.args("FOO=bar"),
+            conf: keep,
+            raw: None,
+            code: 4,
+            names: "FOO",
+        },
+        Case {
+            name: "unsupported cniVersion",
+            inv: same,
+            conf: |c| c["cniVersion"] = json!("9.9.9"),
+            raw: None,
+            code: 1,
+            names: "9.9.9",
+        },
+        Case {
+            name: "missing network name",
+            inv: same,
+            conf: |c| {
+                c.as_object_mut().unwrap().remove("name");
+            },
+            raw: None,
+            code: 7,
+            names: "name",
+        },
+        Case {
+            name: "mtu too small",
+            inv: same,
+            conf: |c| c["mtu"] = json!(10),
+            raw: None,
+            code: 7,
+            names: "mtu",
+        },
+        Case {
+            name: "mtu not a number",
+            inv: same,
+            conf: |c| c["mtu"] = json!("big"),
+            raw: None,
+            code: 7,
+            names: "mtu",
+        },
+        Case {
+            name: "ipamSocket not a string",
+            inv: same,
+            conf: |c| c["ipamSocket"] = json!(5),
+            raw: None,
+            code: 7,
+            names: "ipamSocket",
+        },
+        Case {
+            name: "bad CIDR in podRoutes",
+            inv: same,
+            conf: |c| c["podRoutes"] = json!(["10.0.0.0/33"]),
+            raw: None,
+            code: 7,
+            names: "podRoutes",
+        },
+        Case {
+            name: "unknown pool",
+            inv: same,
+            conf: |c| c["pool"] = json!("nope"),
+            raw: None,
+            code: 7,
+            names: "nope",
+        },
+        Case {
+            name: "ADD with a netns that does not exist",
+            inv: |i| i.env("CNI_NETNS", Some("/run/netns/aliasnet-no-such-ns")),
+            conf: keep,
+            raw: None,
+            code: 3,
+            names: "aliasnet-no-such-ns",
+        },
     ]
 }
 
@@ -65,7 +207,12 @@ fn bad_input_gets_the_right_code_and_leaves_nothing() {
     let pod_ns = Netns::new(&format!("an{}-bad", f.tag)).unwrap();
     let mut failures = Vec::new();
     for c in cases() {
-        let inv = (c.inv)(Invocation::new("ADD", "bad-cid", Some(&pod_ns.path()), "eth0"));
+        let inv = (c.inv)(Invocation::new(
+            "ADD",
+            "bad-cid",
+            Some(&pod_ns.path()),
+            "eth0",
+        ));
         let out = match c.raw {
             Some(raw) => n.cni_raw(&inv, raw),
             None => {
@@ -115,14 +262,21 @@ fn pool_exhaustion_is_a_clear_plugin_error() {
     let n = f.node(1);
     let a = n.add_pod("x1").unwrap();
     let b = n.add_pod("x2").unwrap();
-    let out = n.cni(&Invocation::new("STATUS", "", None, ""), &n.plugin_config(None, None));
+    let out = n.cni(
+        &Invocation::new("STATUS", "", None, ""),
+        &n.plugin_config(None, None),
+    );
     out.expect_code(50, "STATUS with an exhausted pool");
 
     let pod_ns = Netns::new(&format!("an{}-x3", f.tag)).unwrap();
     let inv = Invocation::new("ADD", "x3", Some(&pod_ns.path()), "eth0");
     let out = n.cni(&inv, &n.plugin_config(None, None));
     let code = out.error_code().expect("ADD must fail");
-    assert!(code >= 100, "plugin-specific code for exhaustion, got {code}: {}", out.stdout);
+    assert!(
+        code >= 100,
+        "plugin-specific code for exhaustion, got {code}: {}",
+        out.stdout
+    );
     let msg = out.error_msg();
     assert!(
         msg.contains("secondary") && msg.contains("free"),

@@ -1,11 +1,7 @@
 //! End-to-end tests of the alias-IP datapath through the real `aliasnet` binary and
 //! `aliasnet-ipamd`, on the namespace fabric (see `aliasnet_tests::fabric`).
 
-use std::{
-    net::Ipv4Addr,
-    process::Stdio,
-    time::Duration,
-};
+use std::{net::Ipv4Addr, process::Stdio, time::Duration};
 
 use aliasnet_tests::{
     cni::Invocation,
@@ -32,7 +28,13 @@ fn pods_reach_each_other_and_the_internet_without_encapsulation() {
 
     // Addresses come from each node's own secondary range.
     for (p, range) in [(&a, 1u8), (&b, 1), (&c, 2)] {
-        assert_eq!(p.ip.octets()[..3], [10, 240, range], "{} got {}", p.name, p.ip);
+        assert_eq!(
+            p.ip.octets()[..3],
+            [10, 240, range],
+            "{} got {}",
+            p.name,
+            p.ip
+        );
     }
     assert_ne!(a.ip, b.ip);
 
@@ -145,7 +147,9 @@ fn add_wires_pod_and_host_exactly() {
     assert_eq!(ai["prefixlen"], 32);
     let routes = p.ns.routes().unwrap();
     assert!(
-        routes.iter().any(|rt| rt["dst"] == "default" && rt["gateway"] == "169.254.1.1"),
+        routes
+            .iter()
+            .any(|rt| rt["dst"] == "default" && rt["gateway"] == "169.254.1.1"),
         "{routes:?}"
     );
     assert!(
@@ -161,9 +165,15 @@ fn add_wires_pod_and_host_exactly() {
     assert_eq!(host_if["mac"], host_mac);
     let neigh = p.ns.ip_json(&["neigh", "show", "dev", "eth0"]).unwrap();
     assert!(
-        neigh.as_array().unwrap().iter().any(|e| e["dst"] == "169.254.1.1"
-            && e["lladdr"] == host_mac
-            && e["state"].as_array().is_some_and(|s| s.iter().any(|x| x == "PERMANENT"))),
+        neigh
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["dst"] == "169.254.1.1"
+                && e["lladdr"] == host_mac
+                && e["state"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().any(|x| x == "PERMANENT"))),
         "permanent neighbour to the host veth MAC: {neigh}"
     );
 
@@ -204,7 +214,11 @@ fn add_wires_pod_and_host_exactly() {
         "error names the interface: {}",
         out.error_msg()
     );
-    assert_eq!(n.ipamd().leases().len(), 1, "failed ADD released its address");
+    assert_eq!(
+        n.ipamd().leases().len(),
+        1,
+        "failed ADD released its address"
+    );
     assert_eq!(n.host_veths().len(), 1, "failed ADD left no veth");
 
     n.del_pod(&p).expect_ok("DEL");
@@ -231,7 +245,12 @@ fn mtu_override_and_proc_netns_path() {
         .spawn()
         .expect("sleep in pod netns");
     let proc_path = format!("/proc/{}/ns/net", holder.id());
-    let inv = Invocation::new("ADD", "ctr-proc", Some(std::path::Path::new(&proc_path)), "eth0");
+    let inv = Invocation::new(
+        "ADD",
+        "ctr-proc",
+        Some(std::path::Path::new(&proc_path)),
+        "eth0",
+    );
     let r = n
         .cni(&inv, &n.plugin_config(None, None))
         .expect_ok("ADD with /proc/<pid>/ns/net")
@@ -239,7 +258,12 @@ fn mtu_override_and_proc_netns_path() {
     let link = &pod_ns.ip_json(&["link", "show", "eth0"]).unwrap()[0];
     assert_eq!(link["mtu"], 1400, "configured mtu overrides the uplink's");
     assert_eq!(r["interfaces"][1]["sandbox"], proc_path);
-    let del = Invocation::new("DEL", "ctr-proc", Some(std::path::Path::new(&proc_path)), "eth0");
+    let del = Invocation::new(
+        "DEL",
+        "ctr-proc",
+        Some(std::path::Path::new(&proc_path)),
+        "eth0",
+    );
     n.cni(&del, &n.plugin_config(Some(&r), None))
         .expect_ok("DEL");
     let _ = holder.kill();
@@ -292,7 +316,12 @@ fn every_del_variant_succeeds_and_releases() {
     let inv = Invocation::new("DEL", "never-seen", None, "eth0");
     n.cni(&inv, &n.plugin_config(None, None))
         .expect_ok("DEL of unknown container");
-    let inv = Invocation::new("DEL", "never-seen", Some(std::path::Path::new("/run/netns/none")), "eth0");
+    let inv = Invocation::new(
+        "DEL",
+        "never-seen",
+        Some(std::path::Path::new("/run/netns/none")),
+        "eth0",
+    );
     n.cni(&inv, &n.plugin_config(None, None))
         .expect_ok("DEL of unknown container with bogus netns");
     n.assert_clean();
@@ -322,8 +351,12 @@ fn check_names_what_is_broken() {
         msg.contains("route") && msg.contains(&p.ip.to_string()),
         "CHECK error names the missing host route: {msg}"
     );
-    let host_veth = p.result["interfaces"][0]["name"].as_str().unwrap().to_owned();
-    n.ns.ip(&["route", "add", &ip32, "dev", &host_veth]).unwrap();
+    let host_veth = p.result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    n.ns.ip(&["route", "add", &ip32, "dev", &host_veth])
+        .unwrap();
     n.check_pod(&p).expect_ok("CHECK after repair");
 
     // Pod default route deleted by hand.
@@ -335,12 +368,21 @@ fn check_names_what_is_broken() {
         "CHECK error names the default route: {}",
         out.error_msg()
     );
-    p.ns.ip(&["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])
-        .unwrap();
+    p.ns.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+    ])
+    .unwrap();
     n.check_pod(&p).expect_ok("CHECK after repair");
 
     // Neighbour entry deleted.
-    p.ns.ip(&["neigh", "del", "169.254.1.1", "dev", "eth0"]).unwrap();
+    p.ns.ip(&["neigh", "del", "169.254.1.1", "dev", "eth0"])
+        .unwrap();
     let out = n.check_pod(&p);
     assert!(!out.ok(), "CHECK must fail without the neighbour entry");
     assert!(out.error_msg().contains("neighbour"), "{}", out.error_msg());
@@ -405,7 +447,10 @@ fn daemon_down_add_fails_cleanly_and_del_is_spooled() {
     let n = f.node(1);
 
     // STATUS reports the daemon as unavailable.
-    let out = n.cni(&Invocation::new("STATUS", "", None, ""), &n.plugin_config(None, None));
+    let out = n.cni(
+        &Invocation::new("STATUS", "", None, ""),
+        &n.plugin_config(None, None),
+    );
     out.expect_code(50, "STATUS with the daemon down");
 
     // ADD: try again later (11), nothing left behind.
@@ -413,12 +458,18 @@ fn daemon_down_add_fails_cleanly_and_del_is_spooled() {
     let inv = Invocation::new("ADD", "down-cid", Some(&pod_ns.path()), "eth0");
     let out = n.cni(&inv, &n.plugin_config(None, None));
     out.expect_code(11, "ADD with the daemon down");
-    assert!(pod_ns.link_names().unwrap() == vec!["lo".to_string()], "no pod interface left");
+    assert!(
+        pod_ns.link_names().unwrap() == vec!["lo".to_string()],
+        "no pod interface left"
+    );
     assert_eq!(n.host_veths().len(), 1, "only the live pod's veth remains");
 
     // DEL succeeds anyway, tears down the host side at once and spools the release.
     n.del_pod(&p).expect_ok("DEL with the daemon down");
-    assert!(n.host_veths().is_empty(), "DEL tore down the host veth itself");
+    assert!(
+        n.host_veths().is_empty(),
+        "DEL tore down the host veth itself"
+    );
     assert!(n.pod_routes().is_empty());
     let spooled: Vec<_> = std::fs::read_dir(&n.ipamd_paths.spool_dir)
         .unwrap()
@@ -436,7 +487,10 @@ fn daemon_down_add_fails_cleanly_and_del_is_spooled() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
         .collect();
     assert!(left.is_empty(), "spool drained: {left:?}");
-    let out = n.cni(&Invocation::new("STATUS", "", None, ""), &n.plugin_config(None, None));
+    let out = n.cni(
+        &Invocation::new("STATUS", "", None, ""),
+        &n.plugin_config(None, None),
+    );
     assert!(out.ok(), "STATUS with the daemon up: {}", out.stdout);
 }
 
@@ -490,7 +544,10 @@ fn results_follow_the_config_version() {
         if version == "0.4.0" {
             assert_eq!(ip0["version"], "4", "0.4.0 results carry ips[].version");
         } else {
-            assert!(ip0.get("version").is_none(), "1.x results have no ips[].version");
+            assert!(
+                ip0.get("version").is_none(),
+                "1.x results have no ips[].version"
+            );
         }
         n.check_pod(&p).expect_ok("CHECK");
         n.del_pod(&p).expect_ok("DEL");
@@ -540,16 +597,21 @@ fn runtime_quirks_are_accepted() {
     // containerd 1.6: Go-style capitalised runtimeConfig keys, capabilities injected, unknown
     // CNI_ARGS keys with IgnoreUnknown, reordered.
     let mut conf = n.plugin_config(None, None);
-    conf["capabilities"] = json!({"bandwidth": true, "portMappings": true, "io.kubernetes.cri.pod-annotations": true});
+    conf["capabilities"] =
+        json!({"bandwidth": true, "portMappings": true, "io.kubernetes.cri.pod-annotations": true});
     conf["runtimeConfig"] = json!({
         "bandwidth": {"IngressRate": 10000000u64, "IngressBurst": 4294967295u64, "EgressRate": 20000000u64, "EgressBurst": 4294967295u64},
         "portMappings": [{"HostPort": 18082, "ContainerPort": 80, "Protocol": "tcp", "HostIP": "127.0.0.1"}],
         "io.kubernetes.cri.pod-annotations": {"demo/note": "hello"},
         "ips": ["10.240.1.7", "10.240.1.7"]
     });
-    let inv = Invocation::new("ADD", "quirky", Some(&pod_ns.path()), "eth0")
-        .args("MAC=02:42:0a:d5:00:99;K8S_POD_NAME=q;IgnoreUnknown=1;IP=1.2.3.4;K8S_POD_NAMESPACE=ns");
-    let r = n.cni(&inv, &conf).expect_ok("ADD with runtime quirks").unwrap();
+    let inv = Invocation::new("ADD", "quirky", Some(&pod_ns.path()), "eth0").args(
+        "MAC=02:42:0a:d5:00:99;K8S_POD_NAME=q;IgnoreUnknown=1;IP=1.2.3.4;K8S_POD_NAMESPACE=ns",
+    );
+    let r = n
+        .cni(&inv, &conf)
+        .expect_ok("ADD with runtime quirks")
+        .unwrap();
     let leases = n.ipamd().leases();
     assert_eq!(leases[0].pod.name.as_deref(), Some("q"));
     let inv = Invocation::new("DEL", "quirky", Some(&pod_ns.path()), "eth0")
@@ -573,13 +635,20 @@ fn pod_routes_restrict_what_a_pod_can_reach() {
     .unwrap();
     let a = f.node(1).add_pod("vnet-only").unwrap();
     let b = f.node(2).add_pod("peer").unwrap();
-    assert_eq!(a.result["routes"], json!([{"dst": "10.0.0.0/8", "gw": "169.254.1.1"}]));
+    assert_eq!(
+        a.result["routes"],
+        json!([{"dst": "10.0.0.0/8", "gw": "169.254.1.1"}])
+    );
     assert!(a.ping(b.ip, &[]), "VNet peer reachable");
     assert!(!a.ping(INTERNET_IP, &[]), "no route to the internet");
     f.node(1).check_pod(&a).expect_ok("CHECK with podRoutes");
     a.ns.ip(&["route", "del", "10.0.0.0/8"]).unwrap();
     let out = f.node(1).check_pod(&a);
-    assert!(out.error_msg().contains("10.0.0.0/8"), "{}", out.error_msg());
+    assert!(
+        out.error_msg().contains("10.0.0.0/8"),
+        "{}",
+        out.error_msg()
+    );
     f.node(1).del_pod(&a).expect_ok("DEL");
     f.node(2).del_pod(&b).expect_ok("DEL");
     f.node(1).assert_clean();

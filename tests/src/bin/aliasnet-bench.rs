@@ -96,13 +96,19 @@ fn add(chain: &Chain, pod: &Netns, cid: &str, s: &Mutex<Samples>) -> Option<Valu
     let start = Instant::now();
     for i in 0..plugins {
         let conf = plugin_config(&chain.conflist, i, prev.as_ref(), None);
-        let inv = Invocation::new("ADD", cid, Some(&pod.path()), "eth0")
-            .args(&k8s_args(&pod.name, cid));
-        let inv = Invocation { path: chain.cni_path.clone(), ..inv };
+        let inv =
+            Invocation::new("ADD", cid, Some(&pod.path()), "eth0").args(&k8s_args(&pod.name, cid));
+        let inv = Invocation {
+            path: chain.cni_path.clone(),
+            ..inv
+        };
         let plugin = find_plugin(&chain.cni_path, conf["type"].as_str().unwrap());
         let out = invoke(None, &plugin, &inv, &serde_json::to_vec(&conf).unwrap()).unwrap();
         if !out.ok() {
-            s.lock().unwrap().errors.push(format!("ADD {cid}: {}", out.stdout));
+            s.lock()
+                .unwrap()
+                .errors
+                .push(format!("ADD {cid}: {}", out.stdout));
             return None;
         }
         prev = out.json();
@@ -129,16 +135,27 @@ fn run_all(
     s: &Mutex<Samples>,
 ) {
     let n = chain.conflist["plugins"].as_array().unwrap().len();
-    let order: Vec<usize> = if reverse { (0..n).rev().collect() } else { (0..n).collect() };
+    let order: Vec<usize> = if reverse {
+        (0..n).rev().collect()
+    } else {
+        (0..n).collect()
+    };
     let start = Instant::now();
     for i in order {
         let conf = plugin_config(&chain.conflist, i, result, None);
-        let inv = Invocation::new(op, cid, Some(&pod.path()), "eth0").args(&k8s_args(&pod.name, cid));
-        let inv = Invocation { path: chain.cni_path.clone(), ..inv };
+        let inv =
+            Invocation::new(op, cid, Some(&pod.path()), "eth0").args(&k8s_args(&pod.name, cid));
+        let inv = Invocation {
+            path: chain.cni_path.clone(),
+            ..inv
+        };
         let plugin = find_plugin(&chain.cni_path, conf["type"].as_str().unwrap());
         let out = invoke(None, &plugin, &inv, &serde_json::to_vec(&conf).unwrap()).unwrap();
         if !out.ok() {
-            s.lock().unwrap().errors.push(format!("{op} {cid}: {}", out.stdout));
+            s.lock()
+                .unwrap()
+                .errors
+                .push(format!("{op} {cid}: {}", out.stdout));
         }
     }
     record(s, op, start.elapsed());
@@ -168,7 +185,10 @@ fn wait_quiet(node: &Netns) {
     while start.elapsed() < Duration::from_secs(60) {
         let busy = node
             .link_names()
-            .map(|l| l.iter().any(|n| n.starts_with("ali") || n.starts_with("veth")))
+            .map(|l| {
+                l.iter()
+                    .any(|n| n.starts_with("ali") || n.starts_with("veth"))
+            })
             .unwrap_or(false);
         if !busy {
             return;
@@ -193,7 +213,13 @@ fn sequential(chain: &Chain, node: &Netns, tag: &str, n: usize) -> Result<Sample
         }
     }
     for (i, p) in pods.iter().enumerate() {
-        del(chain, p, &format!("bench-{tag}-{i}"), results[i].as_ref(), &s);
+        del(
+            chain,
+            p,
+            &format!("bench-{tag}-{i}"),
+            results[i].as_ref(),
+            &s,
+        );
     }
     drop(pods);
     wait_quiet(node);
@@ -307,10 +333,23 @@ fn main() -> Result<()> {
             let tag = format!("{}r{run}c{ci}", fabric.tag);
             eprintln!("run {run}: {} sequential x{}", c.label, args.pods);
             let s = sequential(c, &node.ns, &tag, args.pods)?;
-            records.push(RunRecord { run, chain: c.label.into(), phase: "sequential".into(), samples: s });
-            eprintln!("run {run}: {} {} parallel x{}", c.label, args.parallel, args.parallel_pods);
+            records.push(RunRecord {
+                run,
+                chain: c.label.into(),
+                phase: "sequential".into(),
+                samples: s,
+            });
+            eprintln!(
+                "run {run}: {} {} parallel x{}",
+                c.label, args.parallel, args.parallel_pods
+            );
             let s = parallel(c, &node.ns, &tag, args.parallel_pods, args.parallel)?;
-            records.push(RunRecord { run, chain: c.label.into(), phase: format!("{}-parallel", args.parallel), samples: s });
+            records.push(RunRecord {
+                run,
+                chain: c.label.into(),
+                phase: format!("{}-parallel", args.parallel),
+                samples: s,
+            });
         }
     }
     let _ = std::fs::remove_dir_all("/var/lib/cni/networks/bench-ptp");

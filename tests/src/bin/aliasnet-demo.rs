@@ -72,7 +72,10 @@ fn main() -> Result<()> {
     }
     for node in [n1, n2] {
         println!("  node{} host routes to pods:", node.index);
-        for line in show(&node.ns, &["route"]).lines().filter(|l| l.contains("ali")) {
+        for line in show(&node.ns, &["route"])
+            .lines()
+            .filter(|l| l.contains("ali"))
+        {
             println!("      {line}");
         }
     }
@@ -86,15 +89,27 @@ fn main() -> Result<()> {
             failed += 1;
         }
     };
-    check(&format!("web -> mpi-0 (same node)   {} -> {}", p(0).ip, p(1).ip), p(0).ping(p(1).ip, &[]));
-    check(&format!("mpi-0 -> mpi-1 (cross node) {} -> {}", p(1).ip, p(2).ip), p(1).ping(p(2).ip, &[]));
+    check(
+        &format!("web -> mpi-0 (same node)   {} -> {}", p(0).ip, p(1).ip),
+        p(0).ping(p(1).ip, &[]),
+    );
+    check(
+        &format!("mpi-0 -> mpi-1 (cross node) {} -> {}", p(1).ip, p(2).ip),
+        p(1).ping(p(2).ip, &[]),
+    );
     let full = (VNET_MTU - 28).to_string();
     check(
         &format!("mpi-0 -> mpi-1 {VNET_MTU}-byte packet, DF set (no encapsulation overhead)"),
         p(1).ping(p(2).ip, &["-M", "do", "-s", &full]),
     );
-    check(&format!("fetch -> internet {INTERNET_IP}"), p(3).ping(INTERNET_IP, &[]));
-    check(&format!("web -> internet {INTERNET_IP2}"), p(0).ping(INTERNET_IP2, &[]));
+    check(
+        &format!("fetch -> internet {INTERNET_IP}"),
+        p(3).ping(INTERNET_IP, &[]),
+    );
+    check(
+        &format!("web -> internet {INTERNET_IP2}"),
+        p(0).ping(INTERNET_IP2, &[]),
+    );
 
     println!("== IPAM leases");
     for node in [n1, n2] {
@@ -111,7 +126,10 @@ fn main() -> Result<()> {
     }
 
     if args.hold {
-        println!("== holding; namespaces: {} {} {}. Press Enter to tear down.", n1.ns.name, n2.ns.name, fabric.vnet.name);
+        println!(
+            "== holding; namespaces: {} {} {}. Press Enter to tear down.",
+            n1.ns.name, n2.ns.name, fabric.vnet.name
+        );
         let mut s = String::new();
         std::io::stdin().read_line(&mut s)?;
     }
@@ -120,7 +138,11 @@ fn main() -> Result<()> {
     for (node, p) in &pods {
         let t = Instant::now();
         node.del_pod(p).expect_ok("DEL");
-        println!("  DEL {:<6} in {:.1} ms", p.name, t.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "  DEL {:<6} in {:.1} ms",
+            p.name,
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
     n1.assert_clean();
     n2.assert_clean();

@@ -1,0 +1,625 @@
+//! The eBPF datapath from the plugin's side: which limits a pod asks for, whether and how to
+//! attach it (`datapath`: required / optional / off), and the DEL, CHECK, GC and STATUS parts.
+//!
+//! The pinned objects under `bpfPinRoot` are all that is needed: aliasnet-shaperd only has to
+//! have run once on the node. Every call here is blocking and runs in the node's network
+//! namespace (the plugin's own) with bpffs visible.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
+
+use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, DatapathMode, NetConf};
+use aliasnet_shaper::{
+    abi,
+    limits::{ANNOTATION_EGRESS, ANNOTATION_INGRESS, ANNOTATION_INTERNET_EGRESS},
+    CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity, PodRecord, Shape, ShaperError,
+};
+
+/// What a pod asks for: validated limits and, if any, the field the first one came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requested {
+    pub limits: Limits,
+    /// Where the first requested limit comes from (for "we cannot honour it" errors).
+    pub field: Option<&'static str>,
+}
+
+impl Requested {
+    pub fn any(&self) -> bool {
+        self.field.is_some()
+    }
+}
+
+/// One direction of `runtimeConfig.bandwidth`. containerd (go-cni's `BandWidth`, no
+/// `omitempty`) sends rate 0 with burst 0 for a direction the pod does not limit, so exactly
+/// that pair means "unset". Any other zero rate is a request we reject (code 7).
+fn direction(rate: Option<u64>, burst: Option<u64>) -> (Option<u64>, Option<u64>) {
+    match (rate, burst) {
+        (Some(0), Some(0)) => (None, None),
+        other => other,
+    }
+}
+
+/// The limits in `runtimeConfig.bandwidth` and the pod annotations, validated: a bad value is
+/// code 7 naming the field.
+pub fn requested(conf: &NetConf) -> Result<Requested, CniError> {
+    let rc = &conf.runtime_config;
+    let bw = rc.bandwidth.unwrap_or_default();
+    let (ingress_rate, ingress_burst) = direction(bw.ingress_rate, bw.ingress_burst);
+    let (egress_rate, egress_burst) = direction(bw.egress_rate, bw.egress_burst);
+    let cni = CniBandwidth {
+        ingress_rate,
+        ingress_burst,
+        egress_rate,
+        egress_burst,
+    };
+    let limits = Limits::from_cni(cni, &rc.pod_annotations)
+        .map_err(|e| CniError::config(&e.field, e.reason))?;
+    Ok(Requested {
+        limits,
+        field: first_limit_field(&cni, &rc.pod_annotations),
+    })
+}
+
+fn first_limit_field(
+    bw: &CniBandwidth,
+    annotations: &BTreeMap<String, String>,
+) -> Option<&'static str> {
+    let ann = |k: &'static str| annotations.contains_key(k).then_some(k);
+    bw.ingress_rate
+        .map(|_| "runtimeConfig.bandwidth.ingressRate")
+        .or_else(|| bw.egress_rate.map(|_| "runtimeConfig.bandwidth.egressRate"))
+        .or_else(|| ann(ANNOTATION_INGRESS))
+        .or_else(|| ann(ANNOTATION_EGRESS))
+        .or_else(|| ann(ANNOTATION_INTERNET_EGRESS))
+}
+
+fn not_initialised(conf: &NetConf) -> String {
+    format!(
+        "aliasnet-shaperd has not initialised the datapath under {}",
+        conf.bpf_pin_root.display()
+    )
+}
+
+/// The CNI error for a datapath failure.
+pub fn to_cni(conf: &NetConf, what: &str, e: &ShaperError) -> CniError {
+    match e {
+        ShaperError::NotInitialised { .. } => CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("{}; try again later", not_initialised(conf)),
+        ),
+        ShaperError::InvalidArgument { field, reason } => CniError::config(field, reason),
+        ShaperError::Limit(l) => CniError::config(&l.field, &l.reason),
+        ShaperError::Netns(_) => CniError::new(code::NETNS, format!("{what}: {e}")),
+        _ => CniError::new(code::DATAPATH, format!("{what}: {e}")),
+    }
+}
+
+/// ADD, before anything exists: decides whether this pod is attached and opens the pins if
+/// so. `None` means "do not attach". Fails (nothing to undo) when the pod cannot be served:
+/// a limit with `datapath: off` (7), pins missing when required or when a limit needs them (11).
+pub fn open_for_add(conf: &NetConf, req: &Requested) -> Result<Option<Datapath>, CniError> {
+    match conf.datapath {
+        DatapathMode::Off => match req.field {
+            Some(field) => Err(CniError::config(
+                field,
+                "a bandwidth limit was requested but \"datapath\" is \"off\" in the network config; \
+                 aliasnet never ignores a limit",
+            )),
+            None => Ok(None),
+        },
+        DatapathMode::Required => Datapath::open(&conf.bpf_pin_root)
+            .map(Some)
+            .map_err(|e| to_cni(conf, "open the datapath", &e)),
+        DatapathMode::Optional => match Datapath::open(&conf.bpf_pin_root) {
+            Ok(dp) => Ok(Some(dp)),
+            Err(ShaperError::NotInitialised { .. }) => match req.field {
+                Some(field) => Err(CniError::new(
+                    code::TRY_AGAIN_LATER,
+                    format!(
+                        "{field} asks for a bandwidth limit and {}; try again later",
+                        not_initialised(conf)
+                    ),
+                )),
+                None => {
+                    tracing::warn!(
+                        "{}: pod attached without classification, counters or shaping (datapath: optional)",
+                        not_initialised(conf)
+                    );
+                    Ok(None)
+                }
+            },
+            // Pins exist but cannot be used (another ABI, no access): attaching "sometimes"
+            // would hide a broken node.
+            Err(e) => Err(to_cni(conf, "open the datapath", &e)),
+        },
+    }
+}
+
+/// Who the pod is, from `CNI_ARGS`. Runtimes other than the kubelet's may send neither key:
+/// then the namespace stays empty (not a Kubernetes pod; node policy's default rate applies)
+/// and the name is the container ID.
+pub fn identity(args: &CniArgs, env: &AttachEnv, ip: Ipv4Addr) -> PodIdentity {
+    PodIdentity {
+        namespace: args.k8s_pod_namespace.clone().unwrap_or_default(),
+        name: args
+            .k8s_pod_name
+            .clone()
+            .unwrap_or_else(|| env.container_id.clone()),
+        container_id: env.container_id.clone(),
+        ifname: env.ifname.clone(),
+        ip,
+    }
+}
+
+/// Checks that the identity fits the pinned maps' fixed-size fields, before anything is
+/// allocated (the address is not known yet; it does not matter here).
+pub fn check_identity(args: &CniArgs, env: &AttachEnv) -> Result<(), CniError> {
+    let id = identity(args, env, Ipv4Addr::UNSPECIFIED);
+    let fits = |what: &str, s: &str, max: usize| {
+        if s.len() < max {
+            Ok(())
+        } else {
+            Err(CniError::env(format!(
+                "{what} is {} bytes; the datapath records at most {}",
+                s.len(),
+                max - 1
+            )))
+        }
+    };
+    let meta = abi::PodMeta::default();
+    fits(
+        "CNI_ARGS K8S_POD_NAMESPACE",
+        &id.namespace,
+        meta.k8s_namespace.len(),
+    )?;
+    fits("CNI_ARGS K8S_POD_NAME", &id.name, meta.k8s_name.len())?;
+    fits("CNI_CONTAINERID", &id.container_id, meta.container_id.len())?;
+    fits("CNI_NETNS", &env.netns, meta.netns.len())
+}
+
+/// ADD, last step: attach the pinned programs to the pod and record it. On failure the
+/// library has undone its part; the caller rolls back the rest.
+pub fn attach(
+    conf: &NetConf,
+    dp: &mut Datapath,
+    host_veth: &str,
+    env: &AttachEnv,
+    identity: PodIdentity,
+    limits: Limits,
+) -> Result<(), CniError> {
+    let att = PodAttachment {
+        host_ifname: host_veth.to_owned(),
+        netns: PathBuf::from(&env.netns),
+        identity,
+        limits,
+    };
+    let a = dp
+        .attach_pod(&att)
+        .map_err(|e| to_cni(conf, "attach the eBPF datapath", &e))?;
+    tracing::info!(
+        slot = a.slot,
+        ingress = ?a.ingress.map(|s| s.rate),
+        egress = ?a.egress.map(|s| s.rate),
+        internet_egress = ?a.internet_egress.map(|s| s.rate),
+        from_policy = a.internet_from_policy,
+        "datapath attached"
+    );
+    Ok(())
+}
+
+/// DEL: best effort, never fails. Works from the pins alone (aliasnet-shaperd down) and
+/// when there are none.
+pub fn detach(conf: &NetConf, container_id: &str, ifname: &str) {
+    if conf.datapath == DatapathMode::Off {
+        return;
+    }
+    let mut dp = match Datapath::open(&conf.bpf_pin_root) {
+        Ok(dp) => dp,
+        Err(ShaperError::NotInitialised { .. }) => {
+            tracing::debug!("{}: nothing to detach", not_initialised(conf));
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open the datapath to detach the pod; aliasnet-shaperd's GC removes it once the host veth is gone");
+            return;
+        }
+    };
+    match dp.detach_pod(container_id, ifname) {
+        Ok(true) => tracing::info!("datapath detached"),
+        Ok(false) => tracing::debug!("no datapath attachment"),
+        Err(e) => {
+            tracing::warn!(error = %e, "detaching the datapath failed; aliasnet-shaperd's GC retries once the host veth is gone")
+        }
+    }
+}
+
+/// CHECK: the pod's attachment exists, belongs to this host veth and address, and carries the
+/// limits the config asks for now. Returns the problems found, each naming the piece.
+pub fn check(
+    conf: &NetConf,
+    container_id: &str,
+    ifname: &str,
+    host_veth: &str,
+    ip: Ipv4Addr,
+) -> Result<Vec<String>, CniError> {
+    let req = requested(conf)?;
+    let dp = match conf.datapath {
+        DatapathMode::Off => return Ok(Vec::new()),
+        DatapathMode::Optional if !req.any() => match Datapath::open(&conf.bpf_pin_root) {
+            Ok(dp) => dp,
+            // ADD skipped the datapath too.
+            Err(ShaperError::NotInitialised { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(to_cni(conf, "open the datapath", &e)),
+        },
+        _ => match Datapath::open(&conf.bpf_pin_root) {
+            Ok(dp) => dp,
+            Err(ShaperError::NotInitialised { .. }) => {
+                return Ok(vec![format!(
+                    "datapath attachment missing: {}",
+                    not_initialised(conf)
+                )])
+            }
+            Err(e) => return Err(to_cni(conf, "open the datapath", &e)),
+        },
+    };
+    let rec = dp
+        .pod(container_id, ifname)
+        .map_err(|e| to_cni(conf, "read the datapath", &e))?;
+    let Some(rec) = rec else {
+        if conf.datapath == DatapathMode::Optional && !req.any() {
+            // ADD may have run before the pins existed, which optional allows.
+            tracing::debug!("no datapath attachment (datapath: optional)");
+            return Ok(Vec::new());
+        }
+        return Ok(vec![format!(
+            "datapath attachment for {container_id}/{ifname} missing under {}",
+            conf.bpf_pin_root.display()
+        )]);
+    };
+    let mut p = Vec::new();
+    let slot = rec.slot;
+    if rec.host_ifname() != host_veth {
+        p.push(format!(
+            "datapath attachment (slot {slot}) is on host veth {}, want {host_veth}",
+            rec.host_ifname()
+        ));
+    } else if ifindex(host_veth) != Some(rec.meta.host_ifindex) {
+        p.push(format!(
+            "datapath attachment (slot {slot}) is for an earlier {host_veth} (ifindex {})",
+            rec.meta.host_ifindex
+        ));
+    }
+    if rec.ip() != ip {
+        p.push(format!(
+            "datapath attachment (slot {slot}) records {}, prevResult says {ip}",
+            rec.ip()
+        ));
+    }
+    let dir = dp.pins().pod_dir(slot);
+    let mut links = vec!["host_ingress", "host_egress"];
+    if rec.meta.egress_rate != 0 || rec.meta.internet_egress_rate != 0 {
+        links.push("pod_egress");
+    }
+    for l in links {
+        if !dir.join(l).exists() {
+            p.push(format!("datapath link {} missing", dir.join(l).display()));
+        }
+    }
+    let policy_rate = if req.limits.internet_egress_rate.is_none() {
+        dp.policy_internet_rate(&rec.namespace())
+            .map_err(|e| to_cni(conf, "read the datapath policy", &e))?
+    } else {
+        None
+    };
+    p.extend(limit_mismatches(&rec, &req.limits, policy_rate));
+    Ok(p)
+}
+
+fn ifindex(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a valid NUL-terminated string for the duration of the call.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}
+
+/// Differences between the limits recorded for a pod and what `want` (plus node policy's
+/// internet rate `policy_rate`, used when `want` has none) makes `attach_pod` record.
+fn limit_mismatches(rec: &PodRecord, want: &Limits, policy_rate: Option<u64>) -> Vec<String> {
+    let m = &rec.meta;
+    let burst =
+        |rate: Option<u64>, bits: Option<u64>| rate.map_or(0, |r| Shape::new(r, bits).burst_bytes);
+    let from_policy = want.internet_egress_rate.is_none();
+    let internet = match (want.internet_egress_rate.or(policy_rate), want.egress_rate) {
+        (Some(i), Some(e)) => i.min(e),
+        (i, _) => i.unwrap_or(0),
+    };
+    let rows = [
+        (
+            "ingress rate",
+            m.ingress_rate,
+            want.ingress_rate.unwrap_or(0),
+            "bit/s",
+        ),
+        (
+            "ingress burst",
+            m.ingress_burst,
+            burst(want.ingress_rate, want.ingress_burst),
+            "bytes",
+        ),
+        (
+            "egress rate",
+            m.egress_rate,
+            want.egress_rate.unwrap_or(0),
+            "bit/s",
+        ),
+        (
+            "egress burst",
+            m.egress_burst,
+            burst(want.egress_rate, want.egress_burst),
+            "bytes",
+        ),
+        (
+            "internet-egress rate",
+            m.internet_egress_rate,
+            internet,
+            "bit/s",
+        ),
+    ];
+    let mut p = Vec::new();
+    for (what, have, want, unit) in rows {
+        if have != want {
+            let show = |v: u64| {
+                if v == 0 {
+                    "none".to_owned()
+                } else {
+                    format!("{v} {unit}")
+                }
+            };
+            p.push(format!(
+                "datapath {what} is {}, the config asks for {}",
+                show(have),
+                show(want)
+            ));
+        }
+    }
+    let have_from_policy = m.flags & abi::META_INTERNET_FROM_POLICY != 0;
+    if have_from_policy != from_policy {
+        p.push(format!(
+            "datapath internet-egress limit comes from {}, the config says {}",
+            if have_from_policy {
+                "node policy"
+            } else {
+                "the pod"
+            },
+            if from_policy {
+                "node policy"
+            } else {
+                "the pod's annotation"
+            }
+        ));
+    }
+    p
+}
+
+/// GC: detach what the IPAM GC released (their veths go asynchronously), then sweep
+/// attachments whose host veth is gone. Best effort: every failure is returned, none stops
+/// the rest.
+pub fn gc(conf: &NetConf, released: &[(String, String)]) -> Vec<String> {
+    if conf.datapath == DatapathMode::Off {
+        return Vec::new();
+    }
+    let mut dp = match Datapath::open(&conf.bpf_pin_root) {
+        Ok(dp) => dp,
+        Err(ShaperError::NotInitialised { .. }) => {
+            tracing::debug!("{}: nothing to collect", not_initialised(conf));
+            return Vec::new();
+        }
+        Err(e) => return vec![format!("datapath GC: open: {e}")],
+    };
+    let mut errors = Vec::new();
+    for (cid, ifname) in released {
+        match dp.detach_pod(cid, ifname) {
+            Ok(true) => tracing::info!(cid, ifname, "GC detached the datapath"),
+            Ok(false) => {}
+            Err(e) => errors.push(format!("datapath GC: detach {cid}/{ifname}: {e}")),
+        }
+    }
+    match dp.gc() {
+        Ok(removed) => {
+            for r in removed {
+                tracing::info!(
+                    cid = %r.container_id(),
+                    ifname = %r.ifname(),
+                    host_veth = %r.host_ifname(),
+                    "GC removed a datapath attachment whose host veth is gone"
+                );
+            }
+        }
+        Err(e) => errors.push(format!("datapath GC: {e}")),
+    }
+    errors
+}
+
+/// STATUS: with `datapath: required`, an ADD needs the pins. `Err` carries the reason.
+pub fn status(conf: &NetConf) -> Result<(), String> {
+    if conf.datapath != DatapathMode::Required {
+        return Ok(());
+    }
+    match Datapath::open(&conf.bpf_pin_root) {
+        Ok(_) => Ok(()),
+        Err(ShaperError::NotInitialised { .. }) => Err(not_initialised(conf)),
+        Err(e) => Err(format!("the datapath cannot be used: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aliasnet_cni_types::NetConf;
+    use serde_json::json;
+
+    use super::*;
+
+    fn conf(extra: serde_json::Value) -> NetConf {
+        let mut c = json!({"cniVersion": "1.0.0", "name": "n", "type": "aliasnet"});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        NetConf::parse(&serde_json::to_vec(&c).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn containerd_unset_direction_is_not_a_zero_limit() {
+        // containerd with only kubernetes.io/ingress-bandwidth set.
+        let c = conf(json!({"runtimeConfig": {"bandwidth": {
+            "IngressRate": 10_000_000u64, "IngressBurst": 4_294_967_295u64,
+            "EgressRate": 0, "EgressBurst": 0}}}));
+        let r = requested(&c).unwrap();
+        assert_eq!(r.limits.ingress_rate, Some(10_000_000));
+        assert_eq!(r.limits.egress_rate, None);
+        assert_eq!(r.field, Some("runtimeConfig.bandwidth.ingressRate"));
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        for (rc, field) in [
+            (
+                json!({"bandwidth": {"egressRate": 0}}),
+                "runtimeConfig.bandwidth.egressRate",
+            ),
+            (
+                json!({"bandwidth": {"EgressRate": 0, "EgressBurst": 4_294_967_295u64}}),
+                "runtimeConfig.bandwidth.egressRate",
+            ),
+            (
+                json!({"bandwidth": {"ingressRate": 500}}),
+                "runtimeConfig.bandwidth.ingressRate",
+            ),
+            (
+                json!({"bandwidth": {"ingressRate": 2_000_000_000_000_000u64}}),
+                "runtimeConfig.bandwidth.ingressRate",
+            ),
+            (
+                json!({"io.kubernetes.cri.pod-annotations": {ANNOTATION_INTERNET_EGRESS: "fast"}}),
+                ANNOTATION_INTERNET_EGRESS,
+            ),
+            (
+                json!({"io.kubernetes.cri.pod-annotations": {ANNOTATION_EGRESS: "0"}}),
+                ANNOTATION_EGRESS,
+            ),
+        ] {
+            let e = requested(&conf(json!({ "runtimeConfig": rc }))).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{rc}");
+            assert!(e.msg.contains(field), "{rc}: {}", e.msg);
+        }
+    }
+
+    #[test]
+    fn off_rejects_any_limit_and_names_it() {
+        let c = conf(json!({"datapath": "off", "runtimeConfig": {
+            "io.kubernetes.cri.pod-annotations": {ANNOTATION_INTERNET_EGRESS: "10M", "other": "x"}}}));
+        let e = open_for_add(&c, &requested(&c).unwrap())
+            .err()
+            .expect("ADD must be refused");
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains(ANNOTATION_INTERNET_EGRESS), "{}", e.msg);
+        assert!(e.msg.contains("off"), "{}", e.msg);
+        // No limit: nothing to attach, nothing opened.
+        let c = conf(json!({"datapath": "off"}));
+        assert!(open_for_add(&c, &requested(&c).unwrap()).unwrap().is_none());
+    }
+
+    #[test]
+    fn missing_pins_required_and_optional() {
+        let root = tempfile::tempdir().unwrap();
+        let rootp = root.path().join("nothing-pinned");
+        let base = json!({"bpfPinRoot": rootp});
+        let mut c = conf(base.clone());
+        let e = open_for_add(&c, &requested(&c).unwrap())
+            .err()
+            .expect("ADD must be refused");
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg
+                .contains("aliasnet-shaperd has not initialised the datapath under")
+                && e.msg.contains(rootp.to_str().unwrap())
+                && e.msg.ends_with("try again later"),
+            "{}",
+            e.msg
+        );
+        assert!(status(&c).unwrap_err().contains("has not initialised"));
+
+        c.datapath = DatapathMode::Optional;
+        assert!(open_for_add(&c, &requested(&c).unwrap()).unwrap().is_none());
+        assert!(status(&c).is_ok());
+        let mut with_limit = base;
+        with_limit["datapath"] = json!("optional");
+        with_limit["runtimeConfig"] = json!({"bandwidth": {"egressRate": 20_000_000}});
+        let c = conf(with_limit);
+        let e = open_for_add(&c, &requested(&c).unwrap())
+            .err()
+            .expect("ADD must be refused");
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(
+            e.msg.contains("runtimeConfig.bandwidth.egressRate"),
+            "{}",
+            e.msg
+        );
+    }
+
+    #[test]
+    fn identity_falls_back_to_the_container_id() {
+        let env = AttachEnv {
+            container_id: "c0ffee".into(),
+            netns: "/run/netns/x".into(),
+            ifname: "eth0".into(),
+            args: String::new(),
+        };
+        let id = identity(&CniArgs::default(), &env, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!((id.namespace.as_str(), id.name.as_str()), ("", "c0ffee"));
+        let args = CniArgs::parse("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p").unwrap();
+        let id = identity(&args, &env, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!((id.namespace.as_str(), id.name.as_str()), ("ns", "p"));
+        assert!(check_identity(&args, &env).is_ok());
+        let long = AttachEnv {
+            container_id: "c".repeat(128),
+            ..env
+        };
+        let e = check_identity(&args, &long).unwrap_err();
+        assert_eq!(e.code, code::INVALID_ENV);
+        assert!(e.msg.contains("CNI_CONTAINERID"), "{}", e.msg);
+    }
+
+    #[test]
+    fn limit_mismatches_follow_attach_rules() {
+        let want = Limits {
+            egress_rate: Some(20_000_000),
+            egress_burst: Some(4_294_967_295),
+            internet_egress_rate: Some(50_000_000),
+            ..Default::default()
+        };
+        let meta = abi::PodMeta {
+            flags: abi::META_IN_USE,
+            egress_rate: 20_000_000,
+            egress_burst: Shape::new(20_000_000, None).burst_bytes,
+            // Capped at the total egress rate, as attach_pod records it.
+            internet_egress_rate: 20_000_000,
+            ..Default::default()
+        };
+        let rec = PodRecord {
+            slot: 3,
+            meta,
+            counters: Default::default(),
+        };
+        assert!(limit_mismatches(&rec, &want, None).is_empty());
+        let p = limit_mismatches(&rec, &Limits::default(), Some(5_000_000));
+        assert!(
+            p.iter()
+                .any(|s| s.contains("egress rate is 20000000 bit/s, the config asks for none")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|s| s.contains("internet-egress rate")),
+            "{p:?}"
+        );
+        assert!(p.iter().any(|s| s.contains("node policy")), "{p:?}");
+    }
+}
