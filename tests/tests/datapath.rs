@@ -561,7 +561,7 @@ fn pods_added_while_shaperd_is_down_are_attached_and_counters_survive_restarts()
     f.node_mut(1).shaperd.as_mut().unwrap().stop().unwrap();
     let n = f.node(1);
     n.del_pod(&down).expect_ok("DEL while shaperd is down");
-    assert_eq!(attached(n), [before.container_id.clone()]);
+    assert_eq!(attached(n), std::slice::from_ref(&before.container_id));
     n.del_pod(&before).expect_ok("DEL");
     n.assert_clean();
     assert!(attached(n).is_empty());
@@ -637,7 +637,47 @@ fn del_check_and_gc_keep_the_maps_in_step() {
     ]);
     n.cni(&Invocation::new("GC", "", None, ""), &gc)
         .expect_ok("GC");
-    assert_eq!(attached(n), [keep.container_id.clone()]);
+    assert_eq!(attached(n), std::slice::from_ref(&keep.container_id));
     assert!(!attached(n).contains(&stale.container_id));
     n.del_pod(&keep).expect_ok("DEL keep");
+}
+
+#[test]
+fn a_failed_attach_rolls_back_everything() {
+    if !require_root() {
+        return;
+    }
+    let f = fabric_with(DEFAULT_POLICY, "1.0.0");
+    let n = f.node(1);
+    // Make the first free slot's pin directory unusable: a pinned map sits where the pod's
+    // link directory goes (bpffs holds no regular files).
+    let slot_dir = n.shaper_paths.pin_root.join("pods/0");
+    let pinned = std::process::Command::new("bpftool")
+        .args(["map", "pin", "pinned"])
+        .arg(n.shaper_paths.pin_root.join("maps/an_config"))
+        .arg(&slot_dir)
+        .status()
+        .unwrap();
+    assert!(pinned.success(), "bpftool map pin");
+
+    let Err((out, ns)) = add_with(&f, n, "fail", &n.plugin_config(None, None)) else {
+        panic!("ADD succeeded without a place for the pod's links");
+    };
+    out.expect_code(110, "attach failure");
+    assert!(
+        out.error_msg().contains("attach the eBPF datapath"),
+        "{}",
+        out.error_msg()
+    );
+    // The plugin removed the veth and released the address; the library its map entries.
+    let start = Instant::now();
+    while !n.host_veths().is_empty() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_nothing_left(n, &ns, "failed attach");
+
+    std::fs::remove_file(&slot_dir).unwrap();
+    let p = add_ok(&f, n, "after", None);
+    assert_eq!(attached(n), std::slice::from_ref(&p.container_id));
+    n.del_pod(&p).expect_ok("DEL");
 }
