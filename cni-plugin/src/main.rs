@@ -23,22 +23,49 @@ use aliasnet_cni_types::{code, CniError, CniVersion, Command, Invocation, RawCon
 use anyhow::Result;
 use serde_json::Value;
 
+/// What is known about the invocation by the time it ends, for error reporting and metrics.
+#[derive(Default)]
+struct Ctx {
+    /// The config's version, as soon as it is known, so errors are reported in it.
+    version: Option<CniVersion>,
+    /// Verb and daemon socket, once the config validated: where the operation is recorded.
+    record: Option<(Command, std::path::PathBuf)>,
+}
+
 fn main() {
     output::install_panic_hook();
-    let mut version = None;
-    let exit = match run(&mut version) {
-        Ok(doc) => output::success(doc),
+    let start = std::time::Instant::now();
+    let mut ctx = Ctx::default();
+    let (exit, cni_code) = match run(&mut ctx) {
+        Ok(doc) => (output::success(doc), 0),
         Err(e) => {
             tracing::error!("{e:#}");
-            output::failure(version, &e)
+            (
+                output::failure(ctx.version, &e),
+                output::to_cni_error(&e).code,
+            )
         }
     };
+    if let Some((cmd, socket)) = ctx.record {
+        // The plugin lives for one call, so the daemon keeps its metrics (count and latency per
+        // verb and code). After the answer is printed; a short timeout and no error: metrics
+        // never fail or hold up a pod.
+        if let Err(e) = aliasnet_ipam_proto::client::record_op(
+            &socket,
+            cmd.as_str(),
+            cni_code,
+            start.elapsed(),
+            std::time::Duration::from_millis(100),
+        ) {
+            tracing::debug!("operation not recorded in the daemon's metrics: {e}");
+        }
+    }
     std::process::exit(exit);
 }
 
-/// Returns the document to print (none for a successful DEL, GC or STATUS). `version` is set
-/// as soon as the config's version is known, so errors are reported in it.
-fn run(version: &mut Option<CniVersion>) -> Result<Option<Value>> {
+/// Returns the document to print (none for a successful DEL, GC or STATUS).
+fn run(ctx: &mut Ctx) -> Result<Option<Value>> {
+    let version = &mut ctx.version;
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
     let raw = RawConf::decode(&stdin);
@@ -53,6 +80,7 @@ fn run(version: &mut Option<CniVersion>) -> Result<Option<Value>> {
     let conf = raw?.validate()?;
     logging::init(&conf);
     let cmd = inv.command();
+    ctx.record = Some((cmd, conf.ipam_socket.clone()));
     let needs = match cmd {
         Command::Check if !conf.cni_version.has_check() => Some("0.4.0"),
         Command::Gc | Command::Status if !conf.cni_version.has_gc_and_status() => Some("1.1.0"),
