@@ -1,17 +1,23 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * aliasnet datapath: tc (TCX) programs that class every IPv4 packet of a pod as
+ * aliasnet datapath: tc programs that class every IPv4 packet of a pod as
  * internal / internet / blocked by longest-prefix match on the remote address,
  * count it per pod x direction x class, drop blocked traffic, and pick the HTB
  * class that shapes it.
  *
  *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): count, drop blocked
- *   an_host_egress   host veth egress   (pod ingress, remote = src): count, drop blocked
- *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = internet or other class
- *   an_uplink        node uplink egress (pod src, remote = dst): skb->priority = node cap class
+ *   an_host_egress   host veth egress   (pod ingress, remote = src): count, drop blocked,
+ *                    CE-mark above the pod's ingress limit (see shape_remote())
+ *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = internet or other class,
+ *                    CE-mark above the pod's egress limits
+ *   an_uplink        node uplink egress (pod src, remote = dst): skb->priority = node cap class,
+ *                    CE-mark above the node cap
  *
- * Paths that do not decide return TC_ACT_UNSPEC (TCX_NEXT): under TCX, TC_ACT_OK
- * would end processing on the hook and hide the packet from later programs.
+ * The per-pod programs run as direct-action cls_bpf filters (clsact), an_uplink
+ * with TCX. Paths that do not decide return TC_ACT_UNSPEC: the next filter runs
+ * (TCX_NEXT under TCX), and at the end of the chain the packet passes. TC_ACT_OK
+ * would end processing on the hook and hide the packet from later programs;
+ * TC_ACT_SHOT drops.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -68,13 +74,20 @@ struct {
 	__uint(max_entries, 1);
 } an_node_ctrs SEC(".maps");
 
-/* Userspace-only records; defined here so one object describes every pinned map. */
+/* Written by userspace only; the programs read the pod's ingress rate from it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct an_pod_meta);
 	__uint(max_entries, AN_MAX_PODS);
 } an_pod_meta SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct an_vqueue);
+	__uint(max_entries, AN_VQ_ENTRIES);
+} an_vqueue SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -88,8 +101,14 @@ struct an_pkt {
 	__u32 saddr;
 	__u32 daddr;
 	__u32 segs;
+	__u8 tos;
+	__u8 proto;
+	__u8 ihl;
+	__u8 pad;
 	__u64 bytes;
 };
+
+#define NSEC_PER_SEC 1000000000ULL
 
 /*
  * Returns 1 for an IPv4 packet with its addresses in *p. Only the fixed part of
@@ -111,6 +130,9 @@ static __always_inline int parse(struct __sk_buff *skb, struct an_pkt *p)
 		return 0;
 	p->saddr = iph.saddr;
 	p->daddr = iph.daddr;
+	p->tos = iph.tos;
+	p->proto = iph.protocol;
+	p->ihl = iph.ihl;
 
 	/* A GSO skb is several packets on the wire, each with its own headers. */
 	if (skb->gso_segs > 1) {
@@ -131,10 +153,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct an_pkt *p)
 }
 
 /* Longest prefix wins; userspace resolves equal prefixes in both lists to blocked. */
-static __always_inline __u32 classify(__u32 remote)
+static __always_inline __u32 classify(const struct an_config *cfg, __u32 remote)
 {
-	__u32 zero = 0;
-	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 	struct an_lpm_key key = {
 		.prefixlen = 64,
 		.gen = cfg ? cfg->active_gen : 0,
@@ -147,19 +167,11 @@ static __always_inline __u32 classify(__u32 remote)
 	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
 }
 
-static __always_inline void count(struct __sk_buff *skb, __u32 dir, __u32 class,
-				  const struct an_pkt *p)
+static __always_inline void count(__u32 slot, __u32 dir, __u32 class, const struct an_pkt *p)
 {
-	__u32 ifindex = skb->ifindex;
-	struct an_pod *pod = bpf_map_lookup_elem(&an_pods, &ifindex);
 	struct an_pod_counters *c;
 	struct an_counter *ctr;
-	__u32 slot;
 
-	/* Not registered (yet, or any more): classify and enforce, but nothing to count into. */
-	if (!pod)
-		return;
-	slot = pod->slot;
 	c = bpf_map_lookup_elem(&an_counters, &slot);
 	if (!c)
 		return;
@@ -169,15 +181,165 @@ static __always_inline void count(struct __sk_buff *skb, __u32 dir, __u32 class,
 	ctr->bytes += p->bytes;
 }
 
+/* Time to send `bytes` at `rate` bit/s (rate > 0). */
+static __always_inline __u64 tx_ns(__u64 bytes, __u64 rate)
+{
+	return bytes * 8 * NSEC_PER_SEC / rate;
+}
+
+/* `ns`, or `frames` full frames at `rate` if that takes longer. */
+static __always_inline __u64 at_least(__u64 ns, __u64 frames, __u64 rate)
+{
+	__u64 f = tx_ns(frames * AN_FRAME_BYTES, rate);
+
+	return f > ns ? f : ns;
+}
+
+static __always_inline int aqm_on(const struct an_config *cfg)
+{
+	return !cfg || !(cfg->flags & AN_CFG_AQM_OFF);
+}
+
+/* How long a packet arriving now waits in a class's modelled queue (0 = sent at once). */
+static __always_inline __u64 vq_wait(const struct an_vqueue *q, __u64 now)
+{
+	__u64 t_empty = *(volatile const __u64 *)&q->t_empty;
+
+	return t_empty > now ? t_empty - now : 0;
+}
+
+/*
+ * Adds a packet the class's queue takes to its model, a token bucket draining at `rate`:
+ * a packet starts once the backlog ahead of it has drained, with up to `credit` ns (the
+ * bucket that binds) after idle; one that would wait longer than the leaf's drop-tail
+ * limit is dropped by the real queue, so it is not added. Lengths are what HTB counts:
+ * every segment of a GSO skb with its headers. Updates from two CPUs can race; a lost
+ * update under-estimates the backlog by a packet.
+ */
+static __always_inline void vq_add(struct an_vqueue *q, __u64 rate, __u64 credit,
+				   const struct an_pkt *p, __u64 now)
+{
+	__u64 tx = tx_ns(p->bytes, rate);
+	__u64 t_empty = *(volatile __u64 *)&q->t_empty;
+	__u64 floor = now > credit ? now - credit : 0;
+
+	if (t_empty < floor) {
+		q->t_empty = floor + tx;
+		return;
+	}
+	if (t_empty > now && t_empty - now > at_least(AN_LEAF_QUEUE_NS, AN_LEAF_QUEUE_FRAMES, rate))
+		return;
+	__sync_fetch_and_add(&q->t_empty, tx);
+}
+
+/* TEMP-EXPLORE */
+static __u64 mark_ns_override;
+/* The class is congested for a packet that would wait longer than the marking threshold. */
+static __always_inline int congested(const struct an_vqueue *q, __u64 rate, __u64 now)
+{
+	__u64 m = mark_ns_override ? mark_ns_override : AN_ECN_MARK_NS;
+	return q && vq_wait(q, now) > at_least(m, AN_ECN_MARK_FRAMES, rate);
+}
+
+/* CE-marks an ECN-capable packet (ECT(0) or ECT(1)); returns whether it was marked now. */
+static __always_inline int ce_mark(struct __sk_buff *skb, struct an_pkt *p,
+				   struct an_vqueue *q)
+{
+	if ((p->tos & 3) == 0 || (p->tos & 3) == 3)
+		return 0;
+	if (!bpf_skb_ecn_set_ce(skb))
+		return 0;
+	p->tos |= 3;
+	__sync_fetch_and_add(&q->ce_marked, p->segs);
+	return 1;
+}
+
+static __always_inline struct an_vqueue *vq_of(__u32 idx, __u64 rate)
+{
+	return rate ? bpf_map_lookup_elem(&an_vqueue, &idx) : NULL;
+}
+
+/*
+ * A TCP segment with payload sent by a socket in this namespace that has other segments
+ * in flight. Dropping it before the qdisc is not a loss for its sender: the stack gets
+ * NET_XMIT_DROP, keeps the data queued and reduces its window (CWR), exactly as on a full
+ * local qdisc, and sends it again on the next ACK. With nothing in flight no ACK would
+ * come and the sender would stall until its probe timer (200 ms and more).
+ */
+static __always_inline int local_tcp_data(struct __sk_buff *skb, const struct an_pkt *p)
+{
+	__u32 hdr = ETH_HLEN + p->ihl * 4;
+	struct bpf_sock *sk = skb->sk;
+	struct bpf_tcp_sock *tp;
+	__u8 doff;
+
+	if (!sk || p->proto != IPPROTO_TCP)
+		return 0;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk)
+		return 0;
+	tp = bpf_tcp_sock(sk);
+	/* Two in flight: a receiver acknowledges every second segment at once. */
+	if (!tp || tp->packets_out < 2)
+		return 0;
+	if (p->segs > 1)
+		return 1;
+	if (bpf_skb_load_bytes(skb, hdr + 12, &doff, 1) < 0)
+		return 0;
+	return skb->len > hdr + (doff >> 4) * 4;
+}
+
+/*
+ * Models a packet from a remote sender in class queue `idx` (rate 0 = not shaped) and
+ * CE-marks it if it is ECN-capable and the class is congested.
+ */
+static __always_inline void shape_remote(struct __sk_buff *skb, __u32 idx, __u64 rate,
+					 struct an_pkt *p)
+{
+	struct an_vqueue *q = vq_of(idx, rate);
+	__u64 now;
+
+	if (!q)
+		return;
+	now = bpf_ktime_get_ns();
+	if (congested(q, rate, now))
+		ce_mark(skb, p, q);
+	/* The tbf leaf's bucket is smaller than the class's burst: it binds. */
+	vq_add(q, rate, 0, p, now);
+}
+
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 {
 	struct an_pkt p = {};
 	__u32 class = AN_CLASS_OTHER;
+	__u32 zero = 0, ifindex = skb->ifindex;
+	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
+	struct an_pod *pod;
+	struct an_pod_meta *meta;
+	__u32 slot;
 
 	if (parse(skb, &p))
-		class = classify(dir == AN_DIR_EGRESS ? p.daddr : p.saddr);
-	count(skb, dir, class, &p);
-	return class == AN_CLASS_BLOCKED ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		class = classify(cfg, dir == AN_DIR_EGRESS ? p.daddr : p.saddr);
+	pod = bpf_map_lookup_elem(&an_pods, &ifindex);
+	/* Not registered (yet, or any more): classify and enforce, but nothing to count into. */
+	if (!pod)
+		return class == AN_CLASS_BLOCKED ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+	slot = pod->slot;
+	count(slot, dir, class, &p);
+	if (class == AN_CLASS_BLOCKED)
+		return TC_ACT_SHOT;
+	/*
+	 * Traffic to the pod next meets the HTB class of its ingress limit on this device. Its
+	 * senders are remote, so a drop would be a loss: only ECN-capable packets are signalled.
+	 */
+	if (dir == AN_DIR_INGRESS && aqm_on(cfg)) {
+		mark_ns_override = cfg ? cfg->reserved[0] : 0; /* TEMP-EXPLORE */
+		meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
+		if (meta)
+			shape_remote(skb, slot * AN_VQ_PER_POD + AN_VQ_INGRESS, meta->ingress_rate,
+				     &p);
+	}
+	return TC_ACT_UNSPEC;
 }
 
 SEC("classifier")
@@ -193,18 +355,69 @@ int an_host_egress(struct __sk_buff *skb)
 }
 
 /*
- * On the pod's eth0 (in the pod netns): choose the HTB class of the pod's egress
- * qdisc. Blocked traffic goes to "other" and is counted and dropped on the host side.
+ * On the pod's eth0 (in the pod netns): choose the HTB class of the pod's egress qdisc,
+ * and keep the class queues short. Above the marking threshold an ECN-capable packet is
+ * CE-marked and a local TCP data segment is dropped (a congestion signal, not a loss, for
+ * its local sender); anything else is left to the leaf queue, so small packets (pings,
+ * DNS, ACKs) are not lost to a queue full of bulk data. Blocked traffic goes to "other"
+ * and is counted and dropped on the host side.
  */
 SEC("classifier")
 int an_pod_egress(struct __sk_buff *skb)
 {
 	struct an_pkt p = {};
+	__u32 zero = 0, slot, *s;
+	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
+	struct an_pod_meta *meta;
+	struct an_vqueue *qi, *qe, *hot = NULL;
+	__u64 now, irate, erate;
+	int internet;
 
-	if (parse(skb, &p) && classify(p.daddr) == AN_CLASS_INTERNET)
-		skb->priority = AN_CLASSID_POD_INTERNET;
-	else
+	if (!parse(skb, &p)) {
 		skb->priority = AN_CLASSID_POD_OTHER;
+		return TC_ACT_UNSPEC;
+	}
+	internet = classify(cfg, p.daddr) == AN_CLASS_INTERNET;
+	skb->priority = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
+	if (!aqm_on(cfg))
+		return TC_ACT_UNSPEC;
+	mark_ns_override = cfg ? cfg->reserved[0] : 0; /* TEMP-EXPLORE */
+	/* The pod is known by its address here: this device is in the pod's namespace. */
+	s = bpf_map_lookup_elem(&an_pod_ips, &p.saddr);
+	if (!s)
+		return TC_ACT_UNSPEC;
+	slot = *s;
+	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
+	if (!meta)
+		return TC_ACT_UNSPEC;
+	/* Internet traffic passes its own class (1:10) and the total (1:1), if set. */
+	irate = internet ? meta->internet_egress_rate : 0;
+	erate = meta->egress_rate;
+	if (!irate && !erate)
+		return TC_ACT_UNSPEC;
+	qi = vq_of(slot * AN_VQ_PER_POD + AN_VQ_INTERNET, irate);
+	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_EGRESS, erate);
+	now = bpf_ktime_get_ns();
+	if (congested(qi, irate, now))
+		hot = qi;
+	else if (congested(qe, erate, now))
+		hot = qe;
+	if (hot && !ce_mark(skb, &p, hot) && (p.tos & 3) != 3 && local_tcp_data(skb, &p)) {
+		__sync_fetch_and_add(&hot->dropped, p.segs);
+		return TC_ACT_SHOT;
+	}
+	/*
+	 * FIFO leaves: the class's burst binds, the default one for the internet class and the
+	 * pod's own (effective, in bytes) for the total.
+	 */
+	if (qi)
+		vq_add(qi, irate, at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, irate), &p,
+		       now);
+	if (qe)
+		vq_add(qe, erate,
+		       meta->egress_burst ? tx_ns(meta->egress_burst, erate) :
+					    at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, erate),
+		       &p, now);
 	return TC_ACT_UNSPEC;
 }
 
@@ -220,12 +433,13 @@ int an_uplink(struct __sk_buff *skb)
 	struct an_pkt p = {};
 	struct an_node_counters *c;
 	__u32 zero = 0;
+	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 
 	if (!parse(skb, &p))
 		return TC_ACT_UNSPEC;
 	if (!bpf_map_lookup_elem(&an_pod_ips, &p.saddr))
 		return TC_ACT_UNSPEC;
-	if (classify(p.daddr) != AN_CLASS_INTERNET)
+	if (classify(cfg, p.daddr) != AN_CLASS_INTERNET)
 		return TC_ACT_UNSPEC;
 	skb->priority = AN_CLASSID_NODE_CAP;
 	c = bpf_map_lookup_elem(&an_node_ctrs, &zero);
@@ -233,6 +447,8 @@ int an_uplink(struct __sk_buff *skb)
 		c->capped.packets += p.segs;
 		c->capped.bytes += p.bytes;
 	}
+	if (cfg && aqm_on(cfg))
+		shape_remote(skb, AN_VQ_NODE_CAP, cfg->node_internet_cap, &p);
 	return TC_ACT_UNSPEC;
 }
 

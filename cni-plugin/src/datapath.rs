@@ -12,6 +12,7 @@ use aliasnet_shaper::{
     abi,
     limits::{ANNOTATION_EGRESS, ANNOTATION_INGRESS, ANNOTATION_INTERNET_EGRESS},
     CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity, PodRecord, Shape, ShaperError,
+    Teardown,
 };
 
 /// What a pod asks for: validated limits and, if any, the field the first one came from.
@@ -208,6 +209,10 @@ pub fn attach(
 
 /// DEL: best effort, never fails. Works from the pins alone (aliasnet-shaperd down) and
 /// when there are none.
+///
+/// Removes only the pod's map entries ([`Teardown::MapsOnly`], a few map operations): every
+/// DEL path deletes the host veth right after (aliasnet-ipamd with `asyncTeardown`, the plugin
+/// otherwise), and the pod's filters and qdiscs go with the veth and its peer.
 pub fn detach(conf: &NetConf, container_id: &str, ifname: &str) {
     if conf.datapath == DatapathMode::Off {
         return;
@@ -223,7 +228,7 @@ pub fn detach(conf: &NetConf, container_id: &str, ifname: &str) {
             return;
         }
     };
-    match dp.detach_pod(container_id, ifname) {
+    match dp.detach_pod_with(container_id, ifname, Teardown::MapsOnly) {
         Ok(true) => tracing::info!("datapath detached"),
         Ok(false) => tracing::debug!("no datapath attachment"),
         Err(e) => {
@@ -294,16 +299,7 @@ pub fn check(
             rec.ip()
         ));
     }
-    let dir = dp.pins().pod_dir(slot);
-    let mut links = vec!["host_ingress", "host_egress"];
-    if rec.meta.egress_rate != 0 || rec.meta.internet_egress_rate != 0 {
-        links.push("pod_egress");
-    }
-    for l in links {
-        if !dir.join(l).exists() {
-            p.push(format!("datapath link {} missing", dir.join(l).display()));
-        }
-    }
+    p.extend(dp.hooks_of(&rec).problems(&rec));
     let policy_rate = if req.limits.internet_egress_rate.is_none() {
         dp.policy_internet_rate(&rec.namespace())
             .map_err(|e| to_cni(conf, "read the datapath policy", &e))?
@@ -417,7 +413,8 @@ pub fn gc(conf: &NetConf, released: &[(String, String)]) -> Vec<String> {
     };
     let mut errors = Vec::new();
     for (cid, ifname) in released {
-        match dp.detach_pod(cid, ifname) {
+        // aliasnet-ipamd deletes their host veths: the map entries are all there is to remove.
+        match dp.detach_pod_with(cid, ifname, Teardown::MapsOnly) {
             Ok(true) => tracing::info!(cid, ifname, "GC detached the datapath"),
             Ok(false) => {}
             Err(e) => errors.push(format!("datapath GC: detach {cid}/{ifname}: {e}")),

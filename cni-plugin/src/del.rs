@@ -20,7 +20,8 @@ use crate::{
 pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
     let veth = host_veth_name(&conf.host_veth_prefix, &key);
-    // Before the veth goes: the attachment is found by key, and its qdiscs still exist.
+    // Before the veth goes (every path below deletes it): only the pod's map entries are
+    // removed here; its cls_bpf filters and qdiscs go with the veth pair.
     let t0 = std::time::Instant::now();
     datapath::detach(conf, &env.container_id, &env.ifname);
     tracing::debug!(

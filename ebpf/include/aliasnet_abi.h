@@ -64,7 +64,15 @@ struct an_lpm_value {
 };
 _Static_assert(sizeof(struct an_lpm_value) == 8, "an_lpm_value size");
 
-/* an_config[0]. The programs read active_gen only; the rest is the applied policy for userspace. */
+/* an_config.flags */
+/* Switch the queue model off: no CE marks, no pod-side drops (see an_vqueue). Not set by
+ * policy; benchmarks use it to compare with and without in one run. */
+#define AN_CFG_AQM_OFF 1
+
+/*
+ * an_config[0]. The programs read active_gen, flags and node_internet_cap; the rest is the
+ * applied policy for userspace.
+ */
 struct an_config {
 	__u32 abi_version;
 	__u32 active_gen;
@@ -137,6 +145,53 @@ struct an_pod_meta {
 	char netns[256];       /* CNI_NETNS as given on ADD */
 };
 _Static_assert(sizeof(struct an_pod_meta) == 800, "an_pod_meta size");
+
+/*
+ * an_vqueue: array, the modelled queue of every shaped class. The programs see each
+ * packet before the class's qdisc does, so they model its backlog at the class rate (as
+ * Cilium's EDT does, with the binding bucket as burst credit and the leaf's drop-tail
+ * limit) and CE-mark an ECN-capable packet that would wait longer than the marking
+ * threshold: ECN TCP then backs off before the drop-tail queue overflows. This kernel has
+ * no AQM qdisc. On the pod side, where senders are local, a TCP data segment that cannot
+ * be marked is dropped instead (a congestion signal, not a loss, for a local sender).
+ * Index: slot * AN_VQ_PER_POD + AN_VQ_{INGRESS,EGRESS,INTERNET}, or AN_VQ_NODE_CAP.
+ */
+#define AN_VQ_PER_POD 3
+#define AN_VQ_INGRESS 0  /* host veth egress: the pod's ingress limit (HTB 1:1) */
+#define AN_VQ_EGRESS 1   /* pod eth0: the pod's total egress limit (HTB 1:1) */
+#define AN_VQ_INTERNET 2 /* pod eth0: the pod's internet-egress limit (HTB 1:10) */
+#define AN_VQ_NODE_CAP 3072
+#define AN_VQ_ENTRIES 3073
+_Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES == AN_VQ_NODE_CAP + 1,
+	       "an_vqueue index");
+
+/* CE-mark above this modelled queueing delay, or AN_ECN_MARK_FRAMES full frames if longer. */
+#define AN_ECN_MARK_NS 2000000
+#define AN_ECN_MARK_FRAMES 2
+/*
+ * Shaper sizes, shared with the shaper's Shape so that the model matches the qdiscs.
+ * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 full frames.
+ * Forwarded traffic (tbf leaf): bucket of 1 ms at the rate, at least 2 full frames, and a
+ * drop-tail queue of 25 ms at the rate, at least 3 full frames. The bucket that binds
+ * is the model's burst credit: the leaf's for forwarded traffic, the class's on the pod
+ * side (FIFO leaf).
+ */
+#define AN_DEFAULT_BURST_NS 10000000
+#define AN_DEFAULT_BURST_FRAMES 4
+#define AN_LEAF_BURST_NS 1000000
+#define AN_LEAF_BURST_FRAMES 2
+#define AN_LEAF_QUEUE_NS 25000000
+#define AN_LEAF_QUEUE_FRAMES 3
+/* A full-size Ethernet frame (1500-byte MTU, no FCS), as HTB and tbf count it. */
+#define AN_FRAME_BYTES 1514
+
+struct an_vqueue {
+	__u64 t_empty;   /* bpf_ktime_get_ns() at which the modelled backlog drains */
+	__u64 ce_marked; /* wire packets CE-marked */
+	__u64 dropped;   /* wire packets of local TCP dropped as a congestion signal (pod side) */
+	__u64 reserved;
+};
+_Static_assert(sizeof(struct an_vqueue) == 32, "an_vqueue size");
 
 /* an_ns_rates: namespace name (NUL padded) -> internet-egress rate override. */
 struct an_ns_key {

@@ -32,6 +32,32 @@ pub const CLASSID_NODE_CAP: u32 = 0x0001_0010;
 pub const META_IN_USE: u32 = 1;
 pub const META_INTERNET_FROM_POLICY: u32 = 2;
 
+/// `an_config.flags`: switch the queue model off (no CE marks, no pod-side drops).
+pub const CFG_AQM_OFF: u32 = 1;
+
+/// `an_vqueue` index: `slot * VQ_PER_POD + VQ_{INGRESS,EGRESS,INTERNET}`, or `VQ_NODE_CAP`.
+pub const VQ_PER_POD: u32 = 3;
+pub const VQ_INGRESS: u32 = 0;
+pub const VQ_EGRESS: u32 = 1;
+pub const VQ_INTERNET: u32 = 2;
+pub const VQ_NODE_CAP: u32 = 3072;
+pub const VQ_ENTRIES: u32 = 3073;
+/// CE-mark an ECN-capable packet whose modelled queueing delay exceeds this...
+pub const ECN_MARK_NS: u64 = 2_000_000;
+/// ...or this many full frames at the class rate, whichever is longer.
+pub const ECN_MARK_FRAMES: u64 = 2;
+/// HTB class burst when the pod sets none: 10 ms of the rate, at least 4 full frames.
+pub const DEFAULT_BURST_NS: u64 = 10_000_000;
+pub const DEFAULT_BURST_FRAMES: u64 = 4;
+/// Leaf bucket: 1 ms of the rate, at least 2 full frames (the model's burst credit).
+pub const LEAF_BURST_NS: u64 = 1_000_000;
+pub const LEAF_BURST_FRAMES: u64 = 2;
+/// Forwarded-traffic leaf queue: 25 ms of the rate, at least 3 full frames.
+pub const LEAF_QUEUE_NS: u64 = 25_000_000;
+pub const LEAF_QUEUE_FRAMES: u64 = 3;
+/// A full-size Ethernet frame as HTB and tbf count it (1500-byte MTU, no FCS).
+pub const FRAME_BYTES: u64 = 1514;
+
 /// Traffic class of a packet, decided on its remote address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Class {
@@ -270,6 +296,25 @@ impl core::fmt::Debug for PodMeta {
     }
 }
 
+/// The `an_vqueue` index of a pod's class queue (`VQ_INGRESS`, `VQ_EGRESS`, `VQ_INTERNET`).
+pub const fn vq_index(slot: u32, class: u32) -> u32 {
+    slot * VQ_PER_POD + class
+}
+
+/// `struct an_vqueue`: the modelled queue of one shaped class (see the header).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VQueue {
+    /// `bpf_ktime_get_ns()` at which the modelled queue drains.
+    pub t_empty: u64,
+    /// Wire packets CE-marked.
+    pub ce_marked: u64,
+    /// Wire packets of local TCP dropped as a congestion signal (pod side).
+    pub dropped: u64,
+    pub reserved: u64,
+}
+const _: () = assert!(core::mem::size_of::<VQueue>() == 32);
+
 /// `struct an_ns_key`: a namespace name, NUL padded.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -299,6 +344,7 @@ unsafe impl aya::Pod for NodeCounters {}
 unsafe impl aya::Pod for PodMeta {}
 unsafe impl aya::Pod for NsKey {}
 unsafe impl aya::Pod for NsRate {}
+unsafe impl aya::Pod for VQueue {}
 
 /// Copies `s` into a NUL-padded fixed buffer; `None` if it does not fit with a trailing NUL.
 pub fn fixed_str<const N: usize>(s: &str) -> Option<[u8; N]> {
@@ -366,6 +412,22 @@ mod tests {
                 "AN_META_INTERNET_FROM_POLICY",
                 META_INTERNET_FROM_POLICY.into(),
             ),
+            ("AN_CFG_AQM_OFF", CFG_AQM_OFF.into()),
+            ("AN_VQ_PER_POD", VQ_PER_POD.into()),
+            ("AN_VQ_INGRESS", VQ_INGRESS.into()),
+            ("AN_VQ_EGRESS", VQ_EGRESS.into()),
+            ("AN_VQ_INTERNET", VQ_INTERNET.into()),
+            ("AN_VQ_NODE_CAP", VQ_NODE_CAP.into()),
+            ("AN_VQ_ENTRIES", VQ_ENTRIES.into()),
+            ("AN_ECN_MARK_NS", ECN_MARK_NS),
+            ("AN_ECN_MARK_FRAMES", ECN_MARK_FRAMES),
+            ("AN_DEFAULT_BURST_NS", DEFAULT_BURST_NS),
+            ("AN_DEFAULT_BURST_FRAMES", DEFAULT_BURST_FRAMES),
+            ("AN_LEAF_BURST_NS", LEAF_BURST_NS),
+            ("AN_LEAF_BURST_FRAMES", LEAF_BURST_FRAMES),
+            ("AN_LEAF_QUEUE_NS", LEAF_QUEUE_NS),
+            ("AN_LEAF_QUEUE_FRAMES", LEAF_QUEUE_FRAMES),
+            ("AN_FRAME_BYTES", FRAME_BYTES),
         ];
         for (name, rust) in pairs {
             assert_eq!(
@@ -394,6 +456,7 @@ mod tests {
             ("an_pod_meta", core::mem::size_of::<PodMeta>()),
             ("an_ns_key", core::mem::size_of::<NsKey>()),
             ("an_ns_rate", core::mem::size_of::<NsRate>()),
+            ("an_vqueue", core::mem::size_of::<VQueue>()),
         ];
         for (name, size) in sizes {
             let needle = format!("_Static_assert(sizeof(struct {name}) == {size},");

@@ -43,8 +43,10 @@ pub mod maps {
     pub const POD_META: &str = "an_pod_meta";
     /// Hash [`crate::abi::NsKey`] -> [`crate::abi::NsRate`].
     pub const NS_RATES: &str = "an_ns_rates";
+    /// Array slot (or [`crate::abi::VQ_NODE_CAP`]) -> [`crate::abi::VQueue`]: ECN marking state.
+    pub const VQUEUE: &str = "an_vqueue";
     /// Every map, in a stable order.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         PREFIXES,
         CONFIG,
         PODS,
@@ -53,5 +55,6 @@ pub mod maps {
         NODE_COUNTERS,
         POD_META,
         NS_RATES,
+        VQUEUE,
     ];
 }

@@ -112,6 +112,50 @@ impl Fixture {
         .expect("set config");
     }
 
+    fn update_config(&mut self, f: impl FnOnce(&mut abi::Config)) {
+        let mut cfg: Array<_, abi::Config> = self.map(maps::CONFIG);
+        let mut c = cfg.get(&0, 0).expect("config");
+        f(&mut c);
+        cfg.set(0, c, 0).expect("set config");
+    }
+
+    /// Changes the pod's record (limits) at SLOT.
+    fn update_meta(&mut self, f: impl FnOnce(&mut abi::PodMeta)) {
+        let mut meta: Array<_, abi::PodMeta> = self.map(maps::POD_META);
+        let mut m = meta.get(&SLOT, 0).expect("meta");
+        f(&mut m);
+        meta.set(SLOT, m, 0).expect("set meta");
+    }
+
+    fn vqueue(&mut self, idx: u32) -> abi::VQueue {
+        let vq: Array<_, abi::VQueue> = self.map(maps::VQUEUE);
+        vq.get(&idx, 0).expect("vqueue")
+    }
+
+    /// Runs `prog` once on `pkt`; returns the verdict and the packet as the program left it.
+    fn run_data(&self, prog: &str, pkt: &[u8], ctx: Option<&[u8; SKB_SIZE]>) -> (u32, Vec<u8>) {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(prog)
+            .expect("program")
+            .try_into()
+            .expect("classifier");
+        let mut out = vec![0u8; pkt.len() + 256];
+        let mut ctx_out = [0u8; SKB_SIZE];
+        let default_ctx = [0u8; SKB_SIZE];
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx.unwrap_or(&default_ctx)),
+                ctx_out: Some(&mut ctx_out),
+                ..TestRunOptions::new()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(res.data_size_out as usize);
+        (res.return_value, out)
+    }
+
     fn prefix(&mut self, gen: u32, cidr: (Ipv4Addr, u32), class: u32) {
         let mut trie: LpmTrie<_, abi::LpmKeyData, abi::LpmValue> = self.map(maps::PREFIXES);
         trie.insert(
@@ -204,6 +248,8 @@ fn csum(data: &[u8]) -> u16 {
 struct Ip {
     src: Ipv4Addr,
     dst: Ipv4Addr,
+    /// DSCP and ECN.
+    tos: u8,
     proto: u8,
     options: Vec<u8>,
     /// (more fragments, offset in 8-byte units)
@@ -221,6 +267,7 @@ impl Ip {
         Self {
             src,
             dst,
+            tos: 0,
             proto: 1,
             options: Vec::new(),
             frag: (false, 0),
@@ -233,7 +280,7 @@ impl Ip {
         let ihl = 5 + self.options.len() / 4;
         let total = ihl * 4 + self.payload.len();
         let frag = (u16::from(self.frag.0) << 13) | self.frag.1;
-        let mut h = vec![(4 << 4) | ihl as u8, 0];
+        let mut h = vec![(4 << 4) | ihl as u8, self.tos];
         h.extend_from_slice(&(total as u16).to_be_bytes());
         h.extend_from_slice(&[0x4a, 0x11]);
         h.extend_from_slice(&frag.to_be_bytes());
@@ -653,4 +700,236 @@ fn uplink_caps_only_pod_internet_traffic() {
         assert_eq!(prio(&out), want);
     }
     assert_eq!(f.node_counters().capped, c(1, pod_internet.len()));
+}
+
+// ---- ECN marking above a shaped class's modelled queue ---------------------------------
+
+const NOT_ECT: u8 = 0;
+const ECT1: u8 = 1;
+const ECT0: u8 = 2;
+const CE: u8 = 3;
+/// 1 Mbit/s: one full frame takes 12.1 ms, so the model's steps are far above the time a
+/// test run takes, and the marking threshold is 2 frames (24.2 ms).
+const SLOW: u64 = 1_000_000;
+
+/// A full-size TCP frame (1514 bytes on the wire) with the given ECN codepoint.
+fn frame(src: Ipv4Addr, dst: Ipv4Addr, ecn: u8) -> Vec<u8> {
+    let p = Ip {
+        tos: 0x20 | ecn, // some DSCP, which marking must keep
+        ..tcp(src, dst, 1448)
+    }
+    .build();
+    assert_eq!(p.len(), 1514);
+    p
+}
+
+/// The ECN bits of a frame, checking that its IPv4 header checksum is still valid.
+fn ecn_of(pkt: &[u8]) -> u8 {
+    let h = &pkt[ETH_HLEN..ETH_HLEN + 20];
+    assert_eq!(csum(h), 0, "IPv4 header checksum broken");
+    assert_eq!(h[1] & 0xfc, 0x20, "DSCP changed");
+    h[1] & 3
+}
+
+/// Sends `n` frames back to back through `prog`; returns the ECN bits each left with.
+fn burst(f: &Fixture, prog: &str, pkt: &[u8], n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            let (ret, out) = f.run_data(prog, pkt, None);
+            assert_eq!(ret, TC_ACT_UNSPEC);
+            ecn_of(&out)
+        })
+        .collect()
+}
+
+#[test]
+fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let from_internet = ip("203.0.113.9");
+    let ect = frame(from_internet, POD_IP, ECT0);
+
+    // Back to back at 1 Mbit/s each frame adds 12.1 ms. The first ones go out on the
+    // bucket's credit (2 frames) or wait at most one frame: never above the 24.2 ms mark.
+    let got = burst(&f, programs::HOST_EGRESS, &ect, 8);
+    assert_eq!(&got[..4], &[ECT0; 4], "marked below the threshold: {got:?}");
+    // From the sixth on the modelled wait is above 2 frames (less whatever time the test
+    // runs took, which is far below a frame).
+    assert_eq!(got[7], CE, "not marked above the threshold: {got:?}");
+    let marked = got.iter().filter(|&&e| e == CE).count() as u64;
+
+    // With the queue full: ECT(1) is marked as well, Not-ECT cannot be and passes as is,
+    // an already-CE packet stays CE and is not counted again.
+    let got = burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(from_internet, POD_IP, ECT1),
+        1,
+    );
+    assert_eq!(got, [CE]);
+    // Its sender is remote: a Not-ECT packet is never dropped here, only left as it is.
+    let got = burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(from_internet, POD_IP, NOT_ECT),
+        1,
+    );
+    assert_eq!(got, [NOT_ECT]);
+    let got = burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(from_internet, POD_IP, CE),
+        1,
+    );
+    assert_eq!(got, [CE]);
+
+    let vq = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert_eq!(vq.ce_marked, marked + 1);
+    // Marking does not change what is counted.
+    assert_eq!(
+        f.counters(),
+        expect(&[(Ingress, Internet, c(11, 11 * 1514))])
+    );
+    // The pod's egress direction has no ingress limit and no queue.
+    let got = burst(
+        &f,
+        programs::HOST_INGRESS,
+        &frame(POD_IP, from_internet, ECT0),
+        10,
+    );
+    assert_eq!(got, [ECT0; 10]);
+}
+
+#[test]
+fn a_gso_packet_is_queued_as_all_its_segments() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let idx = abi::vq_index(SLOT, abi::VQ_INGRESS);
+    // A first frame puts the model in its steady state (the queue is not idle any more).
+    burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(ip("203.0.113.9"), POD_IP, ECT0),
+        1,
+    );
+    let before = f.vqueue(idx).t_empty;
+    // One skb carrying 3 segments of 1000 bytes: 3 wire frames of 66 + 1000 bytes.
+    let gso = Ip {
+        tos: 0x20 | ECT0,
+        ..tcp(ip("203.0.113.9"), POD_IP, 3000)
+    }
+    .build();
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&3u32.to_ne_bytes());
+    ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&1000u32.to_ne_bytes());
+    f.run_data(programs::HOST_EGRESS, &gso, Some(&ctx));
+    // It occupies the class for the time of 3 * 1066 bytes at 1 Mbit/s, not of skb->len.
+    let added = f.vqueue(idx).t_empty - before;
+    assert_eq!(added, 3 * 1066 * 8 * 1_000_000_000 / SLOW);
+}
+
+#[test]
+fn no_marking_without_a_limit_or_with_ecn_off() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let ect = frame(ip("203.0.113.9"), POD_IP, ECT0);
+    // No ingress limit: nothing is queued, nothing marked.
+    assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
+    // A limit, but marking switched off in an_config.flags: no model either.
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    f.update_config(|c| c.flags |= abi::CFG_AQM_OFF);
+    assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
+    assert_eq!(
+        f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS)),
+        abi::VQueue::default()
+    );
+    // Switched back on, the same traffic is marked.
+    f.update_config(|c| c.flags &= !abi::CFG_AQM_OFF);
+    assert!(burst(&f, programs::HOST_EGRESS, &ect, 10).contains(&CE));
+}
+
+#[test]
+fn pod_egress_marks_against_its_internet_and_total_limits() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.internet_egress_rate = SLOW);
+    let internet = frame(POD_IP, ip("203.0.113.9"), ECT0);
+    let internal = frame(POD_IP, ip("10.1.2.3"), ECT0);
+    // Internal traffic is not limited (no total egress limit): never marked.
+    assert_eq!(burst(&f, programs::POD_EGRESS, &internal, 10), [ECT0; 10]);
+    let got = burst(&f, programs::POD_EGRESS, &internet, 8);
+    assert_eq!(&got[..4], &[ECT0; 4], "{got:?}");
+    assert_eq!(got[7], CE, "{got:?}");
+    let internet_marks = got.iter().filter(|&&e| e == CE).count() as u64;
+    assert_eq!(
+        f.vqueue(abi::vq_index(SLOT, abi::VQ_INTERNET)).ce_marked,
+        internet_marks
+    );
+    assert_eq!(
+        f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)),
+        abi::VQueue::default()
+    );
+
+    // With the class congested, what cannot be marked goes to the leaf queue: a ping, a
+    // pure ACK, a Not-ECT UDP datagram, and a Not-ECT TCP data segment whose socket has
+    // nothing in flight (the socket a test run attaches is not a TCP socket). Only a local
+    // TCP sender with segments in flight is dropped, which the netns tests show.
+    let tcp_data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
+    let ping = Ip::new(POD_IP, ip("203.0.113.9")).build();
+    let ack = tcp(POD_IP, ip("203.0.113.9"), 0).build();
+    let udp = Ip {
+        proto: 17,
+        payload: vec![0x55; 1000],
+        ..Ip::new(POD_IP, ip("203.0.113.9"))
+    }
+    .build();
+    for pkt in [&ping, &ack, &udp, &tcp_data] {
+        assert_eq!(f.run_data(programs::POD_EGRESS, pkt, None).0, TC_ACT_UNSPEC);
+    }
+    assert_eq!(f.vqueue(abi::vq_index(SLOT, abi::VQ_INTERNET)).dropped, 0);
+
+    // A total egress limit queues internal traffic as well.
+    f.update_meta(|m| m.egress_rate = SLOW);
+    let got = burst(&f, programs::POD_EGRESS, &internal, 8);
+    assert_eq!(got[7], CE, "{got:?}");
+    assert!(f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)).ce_marked >= 1);
+    // Marking never changes the class the packet is shaped in.
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&6u32.to_ne_bytes());
+    let (_, ctx_out) = f.run(programs::POD_EGRESS, &internet, Some(&ctx));
+    assert_eq!(
+        u32::from_ne_bytes(ctx_out[SKB_PRIORITY..SKB_PRIORITY + 4].try_into().unwrap()),
+        abi::CLASSID_POD_INTERNET
+    );
+}
+
+#[test]
+fn uplink_marks_above_the_node_cap() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    f.update_config(|c| c.node_internet_cap = SLOW);
+    let got = burst(
+        &f,
+        programs::UPLINK,
+        &frame(POD_IP, ip("203.0.113.9"), ECT0),
+        8,
+    );
+    assert_eq!(&got[..4], &[ECT0; 4], "{got:?}");
+    assert_eq!(got[7], CE, "{got:?}");
+    // Traffic that is not the pods' internet traffic is not in the cap class.
+    let other = frame(ip("10.20.0.6"), ip("203.0.113.9"), ECT0);
+    assert_eq!(burst(&f, programs::UPLINK, &other, 10), [ECT0; 10]);
+    assert!(f.vqueue(abi::VQ_NODE_CAP).ce_marked >= 1);
 }

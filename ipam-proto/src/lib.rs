@@ -75,6 +75,9 @@ mod tests {
         assert_eq!(a, host_veth_name("ali", &k));
         let other = AttachmentKey::new("net", "abc", "eth1");
         assert_ne!(a, host_veth_name("ali", &other));
+        // A recovered lease's key is not a valid CNI network name.
+        let r = recovered_key("ali0123456789ab");
+        assert!(r.network.starts_with('_') && r.container_id == "ali0123456789ab");
         // A long prefix still yields a valid name.
         assert_eq!(host_veth_name("averyverylongprefix", &k).len(), 15);
     }

@@ -187,9 +187,9 @@ pub struct MetadataStatus {
     /// Why the last attempt failed, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
-    /// Milliseconds until the next attempt, as of the reply.
-    #[serde(default)]
-    pub next_refresh_in_ms: u64,
+    /// Milliseconds since the Unix epoch of the next attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_refresh_ms: Option<u64>,
     /// Primary addresses seen (never handed out).
     #[serde(default)]
     pub primaries: u64,
@@ -316,6 +316,54 @@ mod tests {
         let back: Envelope<Request> = serde_json::from_str(&s).unwrap();
         assert_eq!(back.v, 1);
         assert_eq!(back.body, req.body);
+    }
+
+    #[test]
+    fn additions_are_backward_compatible() {
+        // What a phase-1 client sends and expects still works.
+        let old: Envelope<Request> = serde_json::from_str(r#"{"v":1,"op":"list"}"#).unwrap();
+        assert_eq!(old.body, Request::List);
+        let stats: Envelope<Response> = serde_json::from_str(
+            r#"{"v":1,"reply":"stats","pools":[{"name":"p","source":"static","total":4,"allocated":1,"free":3}]}"#,
+        )
+        .unwrap();
+        let Response::Stats { pools, reconcile } = stats.body else {
+            panic!()
+        };
+        assert_eq!((pools[0].cooling, pools[0].missing), (0, 0));
+        assert_eq!(reconcile, ReconcileStats::default());
+        let lease = r#"{"key":{"network":"n","container_id":"c","ifname":"eth0"},"address":"10.0.0.1","pool":"p","allocated_at_ms":1}"#;
+        assert!(!serde_json::from_str::<Lease>(lease).unwrap().missing);
+        // The new requests, as they go on the wire.
+        let page = Envelope::new(Request::ListPage {
+            after: Some(Ipv4Addr::new(10, 0, 0, 9)),
+            limit: Some(50),
+        });
+        assert_eq!(
+            serde_json::to_string(&page).unwrap(),
+            r#"{"v":1,"op":"list_page","after":"10.0.0.9","limit":50}"#
+        );
+        let bare: Envelope<Request> = serde_json::from_str(r#"{"v":1,"op":"list_page"}"#).unwrap();
+        assert_eq!(
+            bare.body,
+            Request::ListPage {
+                after: None,
+                limit: None
+            }
+        );
+        let op = Envelope::new(Request::RecordOp {
+            verb: "ADD".into(),
+            code: 0,
+            duration_us: 1500,
+        });
+        assert_eq!(
+            serde_json::to_string(&op).unwrap(),
+            r#"{"v":1,"op":"record_op","verb":"ADD","code":0,"duration_us":1500}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Envelope::new(Response::Recorded)).unwrap(),
+            r#"{"v":1,"reply":"recorded"}"#
+        );
     }
 
     #[test]

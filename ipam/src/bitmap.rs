@@ -49,6 +49,17 @@ impl FreeBitmap {
         self.len
     }
 
+    /// Add slots up to `len`, all taken (metadata pools grow as addresses appear).
+    pub fn grow(&mut self, len: usize) {
+        if len <= self.len {
+            return;
+        }
+        let nwords = len.div_ceil(64);
+        self.words.resize(nwords, 0);
+        self.summary.resize(nwords.div_ceil(64), 0);
+        self.len = len;
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -188,6 +199,19 @@ mod tests {
             }
             assert_eq!(a.take_next(), None);
         }
+    }
+
+    #[test]
+    fn grown_slots_start_taken() {
+        let mut b = FreeBitmap::new_free(3);
+        b.grow(200);
+        assert_eq!(b.free_count(), 3);
+        assert!(!b.is_free(150));
+        assert!(b.set_free(150));
+        for want in [0, 1, 2, 150] {
+            assert_eq!(b.take_next(), Some(want));
+        }
+        assert_eq!(b.take_next(), None);
     }
 
     #[test]

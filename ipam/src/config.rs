@@ -26,6 +26,18 @@ pub const MAX_TOTAL_ADDRESSES: u64 = 1 << 22;
 pub const MAX_POOLS: usize = 4096;
 /// Longest host veth prefix: leaves at least 3 hash characters in a 15-character name.
 const MAX_VETH_PREFIX: usize = 12;
+/// Default address of the Prometheus endpoint.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9545";
+/// Default period of the reconcile against the kernel's host veths.
+pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+/// Default grace before a lease whose host veth is gone is released: longer than any ADD
+/// takes between reserving the address and creating the veth.
+pub const DEFAULT_RECONCILE_GRACE: Duration = Duration::from_secs(60);
+/// Default Azure IMDS endpoint of the node's network metadata.
+pub const DEFAULT_IMDS_URL: &str =
+    "http://169.254.169.254/metadata/instance/network?api-version=2021-02-01";
+/// Most addresses one metadata pool tracks (Azure allows 256 per NIC).
+pub const MAX_METADATA_ADDRESSES: usize = 1 << 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -59,15 +71,45 @@ pub enum OnOnlyCooling {
 /// Where a pool's addresses come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolSource {
+    /// CIDRs, ranges and single addresses listed in the config.
     Static,
+    /// Address blocks delegated to the node (AWS prefix delegation, AKS static blocks); every
+    /// address of every block is usable.
+    Prefixes,
+    /// The node's secondary IPs, read from an Azure IMDS-format endpoint at run time.
+    AzureImds,
+}
+
+impl PoolSource {
+    /// Whether the pool's addresses are only known at run time.
+    pub fn is_dynamic(self) -> bool {
+        self == Self::AzureImds
+    }
 }
 
 impl fmt::Display for PoolSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Static => "static",
+            Self::Prefixes => "prefixes",
+            Self::AzureImds => "azure-imds",
         })
     }
+}
+
+/// How an `azure-imds` pool polls its endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImdsSpec {
+    /// `http://` URL on a loopback or link-local address.
+    pub url: String,
+    /// Host and port to connect to (parsed from `url`).
+    pub authority: String,
+    /// Interval right after a change (and the first error backoff).
+    pub refresh_min: Duration,
+    /// Interval reached by doubling while nothing changes (and the longest error backoff).
+    pub refresh_max: Duration,
+    /// Per-request timeout.
+    pub timeout: Duration,
 }
 
 /// An inclusive range of IPv4 addresses as host-order integers.
@@ -113,6 +155,18 @@ pub struct PoolSpec {
     pub size: u64,
     /// Short human description of the configured sources, for messages ("10.240.1.0/24").
     pub description: String,
+    /// Exclusions (metadata pools apply them to the addresses they read).
+    pub exclude: Vec<AddrRange>,
+    /// Set for `azure-imds` pools (which have no `ranges`).
+    pub imds: Option<ImdsSpec>,
+}
+
+impl PoolSpec {
+    pub fn is_excluded(&self, addr: u32) -> bool {
+        self.exclude
+            .iter()
+            .any(|r| r.first <= addr && addr <= r.last)
+    }
 }
 
 /// A validated daemon configuration.
@@ -127,6 +181,13 @@ pub struct Config {
     /// `tracing` filter directive; validated by the binary, which owns the subscriber.
     pub log_level: String,
     pub log_file: Option<PathBuf>,
+    /// Prometheus endpoint; `None` when disabled (`metrics_address = ""`).
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// Period of the reconcile against the kernel; zero = off.
+    pub reconcile_interval: Duration,
+    /// A lease whose host veth is gone is released once it is older than this and the veth
+    /// has been seen missing for this long.
+    pub reconcile_grace: Duration,
     pub pools: Vec<PoolSpec>,
     /// Suspicious but legal settings (e.g. an exclusion outside its pool), for the log.
     pub warnings: Vec<String>,
@@ -151,6 +212,12 @@ struct RawConfig {
     log_level: String,
     #[serde(default)]
     log_file: Option<PathBuf>,
+    #[serde(default = "default_metrics_address")]
+    metrics_address: String,
+    #[serde(default)]
+    reconcile_interval: Option<String>,
+    #[serde(default)]
+    reconcile_grace: Option<String>,
     #[serde(default, rename = "pool")]
     pools: Vec<RawPool>,
 }
@@ -168,6 +235,16 @@ struct RawPool {
     ips: Vec<String>,
     #[serde(default)]
     exclude: Vec<String>,
+    #[serde(default)]
+    prefixes: Vec<String>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    refresh_min: Option<String>,
+    #[serde(default)]
+    refresh_max: Option<String>,
+    #[serde(default)]
+    timeout: Option<String>,
 }
 
 fn default_socket() -> PathBuf {
@@ -184,6 +261,9 @@ fn default_prefix() -> String {
 }
 fn default_log_level() -> String {
     "info".into()
+}
+fn default_metrics_address() -> String {
+    DEFAULT_METRICS_ADDRESS.into()
 }
 
 impl Config {
@@ -237,6 +317,41 @@ impl Config {
         if raw.log_level.trim().is_empty() {
             return Err(invalid("log_level", "must not be empty".into()));
         }
+        let metrics_address = match raw.metrics_address.trim() {
+            "" => None,
+            a => Some(a.parse::<std::net::SocketAddr>().map_err(|_| {
+                invalid(
+                    "metrics_address",
+                    format!("{a:?} is not an IP:port such as \"127.0.0.1:9545\" (\"\" disables the endpoint)"),
+                )
+            })?),
+        };
+        let dur = |field: &str, v: &Option<String>, default: Duration| match v {
+            None => Ok(default),
+            Some(s) => parse_duration(s).map_err(|m| invalid(field, m)),
+        };
+        let reconcile_interval = dur(
+            "reconcile_interval",
+            &raw.reconcile_interval,
+            DEFAULT_RECONCILE_INTERVAL,
+        )?;
+        if !reconcile_interval.is_zero() && reconcile_interval < Duration::from_secs(1) {
+            return Err(invalid(
+                "reconcile_interval",
+                "must be at least 1s (or \"0s\": off)".into(),
+            ));
+        }
+        let reconcile_grace = dur(
+            "reconcile_grace",
+            &raw.reconcile_grace,
+            DEFAULT_RECONCILE_GRACE,
+        )?;
+        if reconcile_grace < Duration::from_secs(5) {
+            return Err(invalid(
+                "reconcile_grace",
+                "must be at least 5s: an ADD in progress has reserved its address before its veth exists".into(),
+            ));
+        }
 
         if raw.pools.is_empty() {
             return Err(invalid(
@@ -285,6 +400,9 @@ impl Config {
             host_veth_prefix: raw.host_veth_prefix,
             log_level: raw.log_level,
             log_file: raw.log_file,
+            metrics_address,
+            reconcile_interval,
+            reconcile_grace,
             pools,
             warnings,
         })
@@ -426,13 +544,65 @@ fn build_pool(
     let at = |field: &str| format!("pool '{name}'.{field}");
     let source = match rp.source.as_str() {
         "static" => PoolSource::Static,
+        "prefixes" => PoolSource::Prefixes,
+        "azure-imds" => PoolSource::AzureImds,
         other => {
             return Err((
                 at("source"),
-                format!("unknown source {other:?}; this build supports \"static\""),
+                format!(
+                    "unknown source {other:?}; expected \"static\", \"prefixes\" or \"azure-imds\""
+                ),
             ))
         }
     };
+    // Keys that belong to another source are refused rather than ignored.
+    let given: [(&str, bool); 8] = [
+        ("cidrs", !rp.cidrs.is_empty()),
+        ("ranges", !rp.ranges.is_empty()),
+        ("ips", !rp.ips.is_empty()),
+        ("prefixes", !rp.prefixes.is_empty()),
+        ("url", rp.url.is_some()),
+        ("refresh_min", rp.refresh_min.is_some()),
+        ("refresh_max", rp.refresh_max.is_some()),
+        ("timeout", rp.timeout.is_some()),
+    ];
+    let allowed: &[&str] = match source {
+        PoolSource::Static => &["cidrs", "ranges", "ips"],
+        PoolSource::Prefixes => &["prefixes"],
+        PoolSource::AzureImds => &["url", "refresh_min", "refresh_max", "timeout"],
+    };
+    if let Some((k, _)) = given.iter().find(|(k, g)| *g && !allowed.contains(k)) {
+        return Err((
+            at(k),
+            format!(
+                "not used by source \"{source}\" (it takes: {}, exclude)",
+                allowed.join(", ")
+            ),
+        ));
+    }
+    let mut excl: Vec<AddrRange> = Vec::new();
+    for (j, s) in rp.exclude.iter().enumerate() {
+        let r = if s.contains('/') {
+            parse_cidr(s)
+        } else {
+            parse_ip(s)
+        }
+        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+        excl.push(r);
+    }
+    if source == PoolSource::AzureImds {
+        let imds = build_imds(rp).map_err(|(f, m)| (at(&f), m))?;
+        excl.sort();
+        return Ok(PoolSpec {
+            name: name.to_owned(),
+            source,
+            ranges: Vec::new(),
+            size: 0,
+            description: format!("metadata from {}", imds.url),
+            exclude: excl,
+            imds: Some(imds),
+        });
+    }
 
     // Every configured range, remembering where it came from for duplicate messages.
     let mut parts: Vec<(AddrRange, String)> = Vec::new();
@@ -448,11 +618,21 @@ fn build_pool(
         let r = parse_ip(s).map_err(|m| (at(&format!("ips[{j}]")), m))?;
         parts.push((r, format!("ips[{j}] {s:?}")));
     }
+    for (j, s) in rp.prefixes.iter().enumerate() {
+        let r = parse_cidr(s).map_err(|m| (at(&format!("prefixes[{j}]")), m))?;
+        parts.push((r, format!("prefixes[{j}] {s:?}")));
+    }
     if parts.is_empty() {
-        return Err((
-            at("cidrs"),
-            "the pool lists no addresses (set cidrs, ranges or ips)".into(),
-        ));
+        return Err(match source {
+            PoolSource::Prefixes => (
+                at("prefixes"),
+                "the pool lists no blocks (set prefixes = [\"10.64.0.0/28\", ...])".into(),
+            ),
+            _ => (
+                at("cidrs"),
+                "the pool lists no addresses (set cidrs, ranges or ips)".into(),
+            ),
+        });
     }
     parts.sort_by_key(|(r, _)| *r);
     for w in parts.windows(2) {
@@ -469,15 +649,13 @@ fn build_pool(
         }
     }
     let description = describe(rp);
-
-    let mut excl: Vec<AddrRange> = Vec::new();
-    for (j, s) in rp.exclude.iter().enumerate() {
-        let r = if s.contains('/') {
-            parse_cidr(s)
-        } else {
-            parse_ip(s)
-        }
-        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+    for (j, (r, s)) in rp
+        .exclude
+        .iter()
+        .zip(&excl)
+        .map(|(s, r)| (r, s))
+        .enumerate()
+    {
         if !parts
             .iter()
             .any(|(p, _)| p.first <= r.last && r.first <= p.last)
@@ -486,8 +664,8 @@ fn build_pool(
                 "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
             ));
         }
-        excl.push(r);
     }
+    let exclude = excl.clone();
     let ranges = subtract(
         &parts.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
         &mut excl,
@@ -513,7 +691,88 @@ fn build_pool(
         ranges,
         size,
         description,
+        exclude,
+        imds: None,
     })
+}
+
+/// Validate an `azure-imds` pool's endpoint and timings; errors are (field, message).
+fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, String)> {
+    let url = rp
+        .url
+        .clone()
+        .unwrap_or_else(|| DEFAULT_IMDS_URL.to_owned());
+    let authority = check_metadata_url(&url).map_err(|m| ("url".to_owned(), m))?;
+    let dur = |field: &str, v: &Option<String>, default: Duration| match v {
+        None => Ok(default),
+        Some(s) => parse_duration(s).map_err(|m| (field.to_owned(), m)),
+    };
+    let refresh_min = dur("refresh_min", &rp.refresh_min, Duration::from_secs(4))?;
+    let refresh_max = dur("refresh_max", &rp.refresh_max, Duration::from_secs(1024))?;
+    let timeout = dur("timeout", &rp.timeout, Duration::from_secs(2))?;
+    if refresh_min < Duration::from_millis(100) {
+        return Err((
+            "refresh_min".into(),
+            "must be at least 100ms (IMDS rate-limits)".into(),
+        ));
+    }
+    if refresh_max < refresh_min {
+        return Err((
+            "refresh_max".into(),
+            format!(
+                "must be at least refresh_min ({}ms)",
+                refresh_min.as_millis()
+            ),
+        ));
+    }
+    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+        return Err(("timeout".into(), "must be between 1ms and 60s".into()));
+    }
+    Ok(ImdsSpec {
+        url,
+        authority,
+        refresh_min,
+        refresh_max,
+        timeout,
+    })
+}
+
+/// `http://HOST[:PORT]/PATH` with HOST an IPv4 loopback or link-local literal (metadata never
+/// leaves the node, and plain HTTP is only acceptable there). Returns `HOST:PORT`.
+pub fn check_metadata_url(url: &str) -> Result<String, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        format!("{url:?} must start with http:// (plain HTTP to a loopback or link-local address)")
+    })?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if path
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(format!("{url:?}: the path contains whitespace"));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{url:?}: bad port {p:?}"))?,
+        ),
+        None => (authority, 80),
+    };
+    let ip: Ipv4Addr = host
+        .parse()
+        .map_err(|_| format!("{url:?}: the host must be an IPv4 address literal, got {host:?}"))?;
+    if !(ip.is_loopback() || ip.is_link_local()) {
+        return Err(format!(
+            "{url:?}: {ip} is neither loopback (127.0.0.0/8) nor link-local (169.254.0.0/16); \
+             metadata is only fetched from the node itself"
+        ));
+    }
+    Ok(format!("{ip}:{port}"))
 }
 
 fn describe(rp: &RawPool) -> String {
@@ -522,6 +781,7 @@ fn describe(rp: &RawPool) -> String {
         .iter()
         .chain(&rp.ranges)
         .chain(&rp.ips)
+        .chain(&rp.prefixes)
         .map(|s| s.trim())
         .collect();
     match all.len() {
@@ -747,6 +1007,95 @@ exclude = ["10.240.1.0/30", "10.240.1.255"]
         )
         .unwrap();
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn prefix_and_metadata_pools() {
+        let c = parse(
+            "metrics_address = \"\"\nreconcile_interval = \"0s\"\nreconcile_grace = \"2m\"\n\
+             [[pool]]\nname=\"blocks\"\nsource=\"prefixes\"\nprefixes=[\"10.64.0.0/28\", \"10.64.0.16/28\"]\n\
+             [[pool]]\nname=\"nic\"\nsource=\"azure-imds\"\nexclude=[\"10.1.0.9\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.metrics_address, None);
+        assert_eq!(c.reconcile_interval, Duration::ZERO);
+        assert_eq!(c.reconcile_grace, Duration::from_secs(120));
+        assert_eq!(c.pools[0].source, PoolSource::Prefixes);
+        assert_eq!(c.pools[0].size, 32);
+        let imds = c.pools[1].imds.as_ref().unwrap();
+        assert_eq!(imds.url, DEFAULT_IMDS_URL);
+        assert_eq!(imds.authority, "169.254.169.254:80");
+        assert_eq!(imds.refresh_min, Duration::from_secs(4));
+        assert_eq!(imds.refresh_max, Duration::from_secs(1024));
+        assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9))));
+        let d = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
+        assert_eq!(d.metrics_address, Some("127.0.0.1:9545".parse().unwrap()));
+        assert_eq!(d.reconcile_grace, DEFAULT_RECONCILE_GRACE);
+    }
+
+    #[test]
+    fn invalid_new_keys_name_the_field() {
+        let p = |src: &str, body: &str| format!("[[pool]]\nname=\"p\"\nsource=\"{src}\"\n{body}\n");
+        let cases = [
+            (p("prefixes", "prefixes=[\"10.64.0.1/28\"]"), "prefixes[0]"),
+            (p("prefixes", ""), "lists no blocks"),
+            (
+                p("prefixes", "cidrs=[\"10.64.0.0/28\"]"),
+                "pool 'p'.cidrs`: not used by source \"prefixes\"",
+            ),
+            (
+                p("static", "prefixes=[\"10.64.0.0/28\"]\nips=[\"10.0.0.1\"]"),
+                "'p'.prefixes",
+            ),
+            (p("azure-imds", "ips=[\"10.0.0.1\"]"), "'p'.ips"),
+            (
+                p("azure-imds", "url=\"https://169.254.169.254/x\""),
+                "must start with http://",
+            ),
+            (
+                p("azure-imds", "url=\"http://10.0.0.1/x\""),
+                "neither loopback",
+            ),
+            (
+                p("azure-imds", "url=\"http://metadata/x\""),
+                "IPv4 address literal",
+            ),
+            (p("azure-imds", "url=\"http://127.0.0.1:0/x\""), "bad port"),
+            (p("azure-imds", "refresh_min=\"10ms\""), "refresh_min"),
+            (
+                p("azure-imds", "refresh_min=\"10s\"\nrefresh_max=\"5s\""),
+                "refresh_max",
+            ),
+            (p("azure-imds", "timeout=\"0s\""), "timeout"),
+            (
+                format!(
+                    "metrics_address=\"localhost\"\n{}",
+                    p("static", "ips=[\"10.0.0.1\"]")
+                ),
+                "`metrics_address`",
+            ),
+            (
+                format!(
+                    "reconcile_grace=\"1s\"\n{}",
+                    p("static", "ips=[\"10.0.0.1\"]")
+                ),
+                "`reconcile_grace`",
+            ),
+            (
+                format!(
+                    "reconcile_interval=\"10ms\"\n{}",
+                    p("static", "ips=[\"10.0.0.1\"]")
+                ),
+                "`reconcile_interval`",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(&text);
+            assert!(
+                e.contains(want),
+                "config:\n{text}\nerror {e:?} lacks {want:?}"
+            );
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
     config::Config,
+    imds, metrics, reconcile,
     server::{self, stopped, BindError},
     service::{now_ms, Ipam, Workers},
     state::State,
@@ -31,6 +32,12 @@ pub enum DaemonError {
     Thread(#[source] std::io::Error),
     #[error("the store loader thread failed")]
     Loader(#[source] tokio::task::JoinError),
+    #[error("cannot serve metrics on {addr} (set metrics_address, or \"\" to disable)")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A running daemon.
@@ -39,8 +46,9 @@ pub struct Daemon {
     workers: Workers,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<()>,
-    spool: JoinHandle<()>,
+    background: Vec<JoinHandle<()>>,
     socket: PathBuf,
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl Daemon {
@@ -72,6 +80,13 @@ impl Daemon {
             addresses = config.total_addresses(),
             "state loaded"
         );
+        if report.recovered > 0 {
+            tracing::warn!(
+                leases = report.recovered,
+                "leases rebuilt by `aliasnet-ipamd recover` (key unknown) are held until a DEL \
+                 names their host veth, the veth disappears, or a GC finds it gone"
+            );
+        }
         for l in &report.orphans {
             tracing::warn!(
                 key = %l.key,
@@ -90,6 +105,17 @@ impl Daemon {
             tracing::info!(applied, "release spool applied");
         }
 
+        let metrics_listener = match config.metrics_address {
+            Some(addr) => match metrics::bind(addr).await {
+                Ok(l) => Some(l),
+                Err(source) => {
+                    ipam.stop(workers).await;
+                    return Err(DaemonError::Metrics { addr, source });
+                }
+            },
+            None => None,
+        };
+        let metrics_address = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
         let listener = match server::bind(&config.socket) {
             Ok(l) => l,
             Err(e) => {
@@ -104,9 +130,37 @@ impl Daemon {
             ipam.clone(),
             rx.clone(),
         ));
-        let spool = tokio::spawn(spool_loop(ipam.clone(), config.spool_dir.clone(), rx));
+        let mut background = vec![tokio::spawn(spool_loop(
+            ipam.clone(),
+            config.spool_dir.clone(),
+            rx.clone(),
+        ))];
+        if let Some(l) = metrics_listener {
+            let i = ipam.clone();
+            let render: metrics::Render = std::sync::Arc::new(move || i.render_metrics());
+            background.push(tokio::spawn(metrics::serve(l, render, rx.clone())));
+        }
+        let fetcher = imds::Fetcher::default();
+        for p in &config.pools {
+            if let Some(spec) = &p.imds {
+                background.push(tokio::spawn(imds::run(
+                    ipam.clone(),
+                    p.name.clone(),
+                    spec.clone(),
+                    fetcher.clone(),
+                    rx.clone(),
+                )));
+            }
+        }
+        background.push(tokio::spawn(reconcile::run(
+            ipam.clone(),
+            config.reconcile_interval,
+            config.reconcile_grace,
+            rx,
+        )));
         tracing::info!(
             socket = %config.socket.display(),
+            metrics = ?metrics_address,
             startup_ms = started.elapsed().as_millis() as u64,
             "serving"
         );
@@ -115,9 +169,15 @@ impl Daemon {
             workers,
             shutdown,
             server,
-            spool,
+            background,
             socket: config.socket.clone(),
+            metrics_address,
         })
+    }
+
+    /// Where the metrics endpoint listens (`None` when disabled).
+    pub fn metrics_address(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_address
     }
 
     pub fn ipam(&self) -> &Ipam {
@@ -133,7 +193,9 @@ impl Daemon {
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
-        let _ = self.spool.await;
+        for h in self.background {
+            let _ = h.await;
+        }
         self.ipam.stop(self.workers).await;
         tracing::info!("stopped");
     }

@@ -7,11 +7,18 @@
 //! * [`store`] is the durable log + snapshot every acknowledged change is written to first.
 //! * [`service`] handles requests and runs the group-commit writer and host link teardown.
 //! * [`server`] owns the socket, framing and connection life cycle; [`daemon`] wires it all up.
+//! * [`imds`] polls the metadata of `azure-imds` pools; [`reconcile`] checks leases against
+//!   the host veths; [`recover`] rebuilds a lost state from the kernel; [`metrics`] is the
+//!   Prometheus endpoint.
 
 pub mod bitmap;
 pub mod config;
 pub mod daemon;
+pub mod imds;
 pub mod lease;
+pub mod metrics;
+pub mod reconcile;
+pub mod recover;
 pub mod server;
 pub mod service;
 pub mod state;

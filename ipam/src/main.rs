@@ -3,6 +3,8 @@
 //! ```text
 //! aliasnet-ipamd [--config PATH]                 serve (default /etc/aliasnet/ipamd.toml)
 //! aliasnet-ipamd check-config [--config PATH]    validate the config and print a summary
+//! aliasnet-ipamd recover [--config PATH] [--force] [--no-cooldown]
+//!                                                rebuild the state from the kernel's routes
 //! ```
 
 use std::{
@@ -38,12 +40,48 @@ struct Cli {
 enum Command {
     /// Validate the config file and print what it defines; exit 1 if it is invalid.
     CheckConfig,
+    /// Rebuild the state directory from the kernel after the state was lost or corrupted:
+    /// every host /32 route through one of our veths becomes a lease (the daemon must be
+    /// stopped; the old state directory is moved aside, never deleted).
+    #[command(
+        after_help = "Examples:\n  aliasnet-ipamd recover --config /etc/aliasnet/ipamd.toml\n  \
+        aliasnet-ipamd recover --force   # rebuild even though the state loads"
+    )]
+    Recover {
+        /// Rebuild even if the current state loads without error.
+        #[arg(long)]
+        force: bool,
+        /// Do not put the addresses that are not leased in cooldown (by default they are,
+        /// because the release times died with the old state).
+        #[arg(long)]
+        no_cooldown: bool,
+    },
+}
+
+/// glibc malloc tuning for a long-lived daemon whose big buffers (a 30 MiB snapshot read at
+/// start, lease tables growing by doubling) are short-lived: by default glibc raises its mmap
+/// threshold to the size of the largest freed block, after which such buffers come from the
+/// heap and their pages stay resident. A fixed threshold keeps them mmapped (returned to the
+/// system on free), and two arenas bound the per-thread heaps the tokio workers would
+/// otherwise each grow.
+fn tune_malloc() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }
 
 fn main() {
+    tune_malloc();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::CheckConfig) => check_config(&cli.config),
+        Some(Command::Recover { force, no_cooldown }) => recover(
+            &cli.config,
+            aliasnet_ipam::recover::Options { force, no_cooldown },
+        ),
         None => serve(&cli.config),
     };
     if let Err(e) = result {
@@ -95,6 +133,16 @@ fn check_config(path: &std::path::Path) -> Result<()> {
         config.cooldown.as_millis(),
         config.on_only_cooling
     )?;
+    match config.metrics_address {
+        Some(a) => writeln!(out, "  metrics    http://{a}/metrics")?,
+        None => writeln!(out, "  metrics    disabled")?,
+    }
+    writeln!(
+        out,
+        "  reconcile  every {}ms, grace {}ms",
+        config.reconcile_interval.as_millis(),
+        config.reconcile_grace.as_millis()
+    )?;
     for p in &config.pools {
         writeln!(
             out,
@@ -108,6 +156,44 @@ fn check_config(path: &std::path::Path) -> Result<()> {
     }
     for w in &config.warnings {
         writeln!(out, "  warning: {w}")?;
+    }
+    Ok(())
+}
+
+fn recover(path: &std::path::Path, opts: aliasnet_ipam::recover::Options) -> Result<()> {
+    use aliasnet_ipam::recover;
+    let config = Config::load(path)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let report = rt.block_on(async {
+        let (conn, handle, _) = rtnetlink::new_connection().context("opening a netlink socket")?;
+        tokio::spawn(conn);
+        let routes = recover::kernel_routes(&handle, &config.host_veth_prefix)
+            .await
+            .map_err(recover::RecoverError::Kernel)?;
+        Ok::<_, anyhow::Error>(recover::recover(&config, routes, opts).await?)
+    })?;
+    let mut out = std::io::stdout().lock();
+    if let Some(e) = &report.old_state_error {
+        writeln!(out, "old state unusable: {e}")?;
+    }
+    if let Some(p) = &report.moved_aside {
+        writeln!(out, "old state moved to {}", p.display())?;
+    }
+    writeln!(
+        out,
+        "rebuilt {} from the kernel: {} leases, {} addresses in cooldown",
+        config.state_dir.display(),
+        report.leases.len(),
+        report.cooling
+    )?;
+    for (addr, veth, pool) in &report.leases {
+        writeln!(out, "  {addr}\t{veth}\tpool {pool}")?;
+    }
+    for s in &report.skipped {
+        writeln!(out, "  skipped: {s}")?;
     }
     Ok(())
 }

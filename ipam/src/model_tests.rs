@@ -1,9 +1,10 @@
 //! Model-based property test of the allocator + store against a plain reference model.
 //!
-//! Random sequences of allocate, release, GC, time passing, injected write failures and
-//! restarts (reload from disk) run against the real `State` + `Store` and against `Model`, a
-//! few maps with the obvious semantics. After every step the leases, the cooling counts and the
-//! internal invariants must agree.
+//! Random sequences of allocate, release, GC, metadata reads of an `azure-imds` pool, time
+//! passing, injected write failures and restarts (reload from disk, compaction by merge on
+//! disk included) run against the real `State` + `Store` and against `Model`, a few maps with
+//! the obvious semantics. After every step the leases, the free and cooling counts, the
+//! missing count and the internal invariants must agree.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,12 +24,16 @@ use crate::{
 
 const COOLDOWN_MS: u64 = 1_000;
 const KEYS: u8 = 12;
+/// Candidate addresses of the metadata pool "nic": 10.0.5.1 to 10.0.5.4.
+const NIC: [u32; 4] = [0x0a00_0501, 0x0a00_0502, 0x0a00_0503, 0x0a00_0504];
 
 #[derive(Debug, Clone)]
 enum Op {
     Alloc(u8),
     Release(u8),
     Gc(Vec<u8>),
+    /// A metadata read listing the NIC addresses whose bit is set.
+    Meta(u8),
     Advance(u64),
     FailNextWrite,
     Restart,
@@ -39,6 +44,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..KEYS).prop_map(Op::Alloc),
         4 => (0..KEYS).prop_map(Op::Release),
         1 => proptest::collection::vec(0..KEYS, 0..6).prop_map(Op::Gc),
+        2 => (0u8..16).prop_map(Op::Meta),
         3 => (0u64..1_500).prop_map(Op::Advance),
         1 => Just(Op::FailNextWrite),
         1 => Just(Op::Restart),
@@ -50,7 +56,13 @@ fn key(k: u8) -> AttachmentKey {
 }
 
 struct Model {
-    all: BTreeSet<u32>,
+    /// Addresses of the static pools.
+    fixed: BTreeSet<u32>,
+    /// NIC addresses in the last metadata read since the last restart.
+    present: BTreeSet<u32>,
+    /// NIC addresses the daemon has a slot for since the last restart.
+    placed: BTreeSet<u32>,
+    synced: bool,
     leases: BTreeMap<u8, u32>,
     /// address -> release time
     cooling: BTreeMap<u32, u64>,
@@ -58,6 +70,10 @@ struct Model {
 }
 
 impl Model {
+    fn usable(&self, a: u32) -> bool {
+        self.fixed.contains(&a) || self.present.contains(&a)
+    }
+
     fn cooling_now(&self, now: u64) -> BTreeMap<u32, u64> {
         self.cooling
             .iter()
@@ -69,8 +85,9 @@ impl Model {
     fn free(&self, now: u64) -> BTreeSet<u32> {
         let cooling = self.cooling_now(now);
         let leased: BTreeSet<u32> = self.leases.values().copied().collect();
-        self.all
+        self.fixed
             .iter()
+            .chain(&self.present)
             .filter(|a| !leased.contains(a) && !cooling.contains_key(a))
             .copied()
             .collect()
@@ -80,6 +97,24 @@ impl Model {
         let a = self.leases.remove(&k)?;
         self.cooling.insert(a, now);
         Some(a)
+    }
+
+    fn missing(&self) -> usize {
+        self.leases
+            .values()
+            .filter(|a| NIC.contains(a) && !self.present.contains(a))
+            .count()
+    }
+
+    fn restart(&mut self) {
+        self.present.clear();
+        self.synced = false;
+        self.placed = self
+            .leases
+            .values()
+            .filter(|a| NIC.contains(a))
+            .copied()
+            .collect();
     }
 }
 
@@ -108,7 +143,7 @@ impl Sut {
     }
 
     /// Write `records` like the writer thread does; false if the write failed (rolled back).
-    fn apply(&mut self, records: &[Record]) -> bool {
+    fn apply(&mut self, records: &[Record], now: u64) -> bool {
         let store = self.store.as_mut().expect("open");
         let ok = store.append(&store::encode_records(records)).is_ok();
         let st = self.state.as_mut().expect("open");
@@ -123,9 +158,11 @@ impl Sut {
         }
         if ok && store.should_compact() {
             let g = store.rotate().expect("rotate");
-            let bytes = st.snapshot(g);
-            store::write_snapshot(self.dir.path(), &bytes).expect("snapshot");
-            store.snapshot_done(g, bytes.len() as u64);
+            let len = store
+                .compaction(g, now, COOLDOWN_MS)
+                .run()
+                .expect("compaction");
+            store.snapshot_done(g, len);
         }
         ok
     }
@@ -136,7 +173,8 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
         &format!(
             "cooldown = \"{COOLDOWN_MS}ms\"\non_only_cooling = \"{}\"\n\
              [[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/29\"]\nexclude=[\"10.0.0.3\"]\n\
-             [[pool]]\nname=\"b\"\nsource=\"static\"\nips=[\"10.0.2.9\"]\n",
+             [[pool]]\nname=\"b\"\nsource=\"prefixes\"\nprefixes=[\"10.0.2.8/31\"]\n\
+             [[pool]]\nname=\"nic\"\nsource=\"azure-imds\"\nurl=\"http://127.0.0.1:9/x\"\n",
             match policy {
                 OnOnlyCooling::Fail => "fail",
                 OnOnlyCooling::ReuseOldest => "reuse-oldest",
@@ -145,13 +183,16 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
         Path::new("/model.toml"),
     )
     .unwrap();
-    let all: BTreeSet<u32> = config
+    let fixed: BTreeSet<u32> = config
         .pools
         .iter()
         .flat_map(|p| p.ranges.iter().flat_map(|r| r.first..=r.last))
         .collect();
     let mut model = Model {
-        all,
+        fixed,
+        present: BTreeSet::new(),
+        placed: BTreeSet::new(),
+        synced: false,
         leases: BTreeMap::new(),
         cooling: BTreeMap::new(),
         policy,
@@ -165,6 +206,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
     let mut now: u64 = 1_000_000;
     let mut fail_armed = false;
     sut.open(now);
+    let nic = sut.st().metadata_pool("nic").expect("metadata pool");
     let pod = PodRef::default();
 
     for op in ops {
@@ -189,17 +231,22 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                 }
                 let free = model.free(now);
                 let cooling = model.cooling_now(now);
+                let reusable: BTreeMap<u32, u64> = cooling
+                    .iter()
+                    .filter(|(a, _)| model.usable(**a))
+                    .map(|(a, t)| (*a, *t))
+                    .collect();
                 match step {
                     Ok(AllocStep::Fresh { lease, record }) => {
                         let a = u32::from(lease.address);
                         if free.is_empty() {
                             prop_assert_eq!(model.policy, OnOnlyCooling::ReuseOldest);
-                            let oldest = cooling.values().min().copied();
-                            prop_assert_eq!(cooling.get(&a).copied(), oldest, "not the oldest");
+                            let oldest = reusable.values().min().copied();
+                            prop_assert_eq!(reusable.get(&a).copied(), oldest, "not the oldest");
                         } else {
                             prop_assert!(free.contains(&a), "{} is not free", lease.address);
                         }
-                        if sut.apply(&[record]) {
+                        if sut.apply(&[record], now) {
                             prop_assert!(!fail_armed, "an injected failure was not reported");
                             model.leases.insert(k, a);
                             model.cooling.remove(&a);
@@ -211,21 +258,31 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                     }
                     Err(e) => {
                         prop_assert!(free.is_empty(), "refused with free addresses: {e}");
-                        let want = if cooling.is_empty() {
-                            ErrorKind::PoolExhausted
-                        } else {
-                            prop_assert_eq!(model.policy, OnOnlyCooling::Fail);
+                        if model.policy == OnOnlyCooling::ReuseOldest {
+                            prop_assert!(reusable.is_empty(), "refused with reusable: {e}");
+                        }
+                        // Cooling addresses the daemon has a slot for count for OnlyCooling.
+                        let counted = cooling
+                            .keys()
+                            .any(|a| model.fixed.contains(a) || model.placed.contains(a));
+                        let want = if !model.synced {
+                            ErrorKind::Unavailable
+                        } else if counted {
                             ErrorKind::OnlyCooling
+                        } else {
+                            ErrorKind::PoolExhausted
                         };
-                        prop_assert_eq!(e.kind, want);
+                        prop_assert_eq!(e.kind, want, "{}", e.message);
                     }
                     other => prop_assert!(false, "allocate {k}: {other:?}"),
                 }
             }
             Op::Release(k) => match sut.st().begin_release(&key(k), None, None, now).unwrap() {
-                ReleaseStep::Fresh { record, address } => {
+                ReleaseStep::Fresh {
+                    record, address, ..
+                } => {
                     prop_assert_eq!(model.leases.get(&k).copied(), Some(u32::from(address)));
-                    if sut.apply(&[record]) {
+                    if sut.apply(&[record], now) {
                         prop_assert!(!fail_armed);
                         model.release(k, now);
                     } else {
@@ -245,7 +302,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                         ifname: "eth0".into(),
                     })
                     .collect();
-                let out = sut.st().begin_gc("net", &att, now).unwrap();
+                let out = sut.st().begin_gc("net", &att, now, &|_| false).unwrap();
                 let stale: Vec<u8> = model
                     .leases
                     .keys()
@@ -257,7 +314,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                     continue;
                 }
                 let records: Vec<Record> = out.into_iter().map(|(r, _)| r).collect();
-                if sut.apply(&records) {
+                if sut.apply(&records, now) {
                     prop_assert!(!fail_armed);
                     for k in stale {
                         model.release(k, now);
@@ -266,6 +323,18 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                     prop_assert!(fail_armed);
                     fail_armed = false;
                 }
+            }
+            Op::Meta(mask) => {
+                let listed: Vec<Ipv4Addr> = NIC
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, a)| Ipv4Addr::from(*a))
+                    .collect();
+                sut.st().apply_metadata(nic, &listed, now);
+                model.present = listed.iter().map(|a| u32::from(*a)).collect();
+                model.placed.extend(model.present.iter().copied());
+                model.synced = true;
             }
             Op::Advance(ms) => now += ms,
             Op::FailNextWrite => {
@@ -280,6 +349,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
             }
             Op::Restart => {
                 sut.open(now);
+                model.restart();
                 fail_armed = false;
             }
         }
@@ -299,10 +369,22 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
             .collect();
         prop_assert_eq!(got, want);
         let stats = st.stats(now);
-        let cooling: u64 = stats.iter().map(|p| p.cooling).sum();
-        prop_assert_eq!(cooling, model.cooling_now(now).len() as u64);
+        let fixed_cooling: u64 = stats
+            .iter()
+            .filter(|p| p.name != "nic")
+            .map(|p| p.cooling)
+            .sum();
+        let model_fixed_cooling = model
+            .cooling_now(now)
+            .keys()
+            .filter(|a| model.fixed.contains(a))
+            .count() as u64;
+        prop_assert_eq!(fixed_cooling, model_fixed_cooling);
         let free: u64 = stats.iter().map(|p| p.free).sum();
         prop_assert_eq!(free, model.free(now).len() as u64);
+        let nic_stats = stats.iter().find(|p| p.name == "nic").unwrap();
+        prop_assert_eq!(nic_stats.missing, model.missing() as u64);
+        prop_assert_eq!(nic_stats.total, model.present.len() as u64);
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ use aliasnet_ipam_proto::{
     ErrorKind, Request, Response,
 };
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
     sync::{watch, Semaphore},
     task::JoinSet,
@@ -157,7 +157,9 @@ fn encode_reply(resp: &Response) -> Vec<u8> {
 }
 
 async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receiver<bool>) {
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
+    // Header and body of a request usually arrive together: one read for both.
+    let mut rd = BufReader::with_capacity(16 << 10, rd);
     loop {
         let mut header = [0u8; 4];
         tokio::select! {
@@ -189,8 +191,13 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
             tracing::debug!(expected = len, got = body.len(), "truncated frame; closing");
             return;
         }
+        let arrived = std::time::Instant::now();
+        let mut is_alloc = false;
         let handled = match frame::decode::<Request>(&body) {
-            Ok(req) => ipam.handle(req).await,
+            Ok(req) => {
+                is_alloc = matches!(req, Request::Allocate { .. });
+                ipam.handle(req).await
+            }
             Err(FrameError::Version { got }) => Response::Error {
                 kind: ErrorKind::UnsupportedVersion,
                 message: format!(
@@ -214,6 +221,9 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
                 ipam.rollback(&lease).await;
             }
             return;
+        }
+        if is_alloc && matches!(handled.response, Response::Allocated { .. }) {
+            ipam.metrics().allocation_duration(arrived.elapsed());
         }
     }
 }

@@ -10,19 +10,26 @@
 //!   of them. Throughput grows with concurrency instead of queueing on the disk.
 //! * Requests that depend on something in flight (same key, a host veth still being deleted)
 //!   wait on `changed`, which is notified after every batch and every finished teardown.
+//! * Compaction merges the last snapshot with the logs on disk in a background thread; the
+//!   state lock is not involved.
 
 use std::{
     collections::HashSet,
+    net::Ipv4Addr,
     path::Path,
     sync::{Arc, Mutex, MutexGuard},
     thread::JoinHandle,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use aliasnet_ipam_proto::{spool, AttachmentKey, ErrorKind, Lease, Request, Response};
+use aliasnet_ipam_proto::{
+    frame::MAX_FRAME, spool, AttachmentKey, ErrorKind, Lease, ReconcileStats, Request, Response,
+    LIST_PAGE_DEFAULT, LIST_PAGE_MAX,
+};
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use crate::{
+    metrics::Metrics,
     state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State},
     store::{self, record::Record, Store},
     teardown::{LinkRemover, Removed},
@@ -36,6 +43,8 @@ const MAX_BATCH_RECORDS: usize = 4096;
 const TEARDOWN_CONCURRENCY: usize = 8;
 /// Deletion attempts before giving up on a link and freeing its address anyway.
 const TEARDOWN_ATTEMPTS: u32 = 5;
+/// JSON bytes a lease page may take: the frame limit less room for the envelope.
+const PAGE_BYTES: usize = MAX_FRAME - (256 << 10);
 
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -55,6 +64,9 @@ struct Shared {
     changed: Notify,
     writer: mpsc::UnboundedSender<WriterMsg>,
     teardown: mpsc::UnboundedSender<Box<str>>,
+    metrics: Arc<Metrics>,
+    reconcile: Mutex<ReconcileStats>,
+    remover: Arc<dyn LinkRemover>,
 }
 
 impl Shared {
@@ -109,6 +121,11 @@ impl Ipam {
         store: Store,
         remover: Arc<dyn LinkRemover>,
     ) -> std::io::Result<(Self, Workers)> {
+        let metrics = Arc::new(Metrics::new(
+            &state.pool_names(false),
+            &state.pool_names(true),
+        ));
+        let cooldown_ms = state.cooldown_ms();
         let (wtx, wrx) = mpsc::unbounded_channel();
         let (ttx, trx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -116,13 +133,24 @@ impl Ipam {
             changed: Notify::new(),
             writer: wtx,
             teardown: ttx,
+            metrics,
+            reconcile: Mutex::new(ReconcileStats::default()),
+            remover: remover.clone(),
         });
         let ws = shared.clone();
         let writer = std::thread::Builder::new()
             .name("ipam-writer".into())
-            .spawn(move || writer_loop(store, &ws, wrx))?;
+            .spawn(move || writer_loop(store, &ws, wrx, cooldown_ms))?;
         let teardown = tokio::spawn(teardown_loop(shared.clone(), remover, trx));
         Ok((Self { shared }, Workers { writer, teardown }))
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    pub fn remover(&self) -> &Arc<dyn LinkRemover> {
+        &self.shared.remover
     }
 
     /// Queue deletion of `link` (already registered as pending in the state).
@@ -139,9 +167,25 @@ impl Ipam {
         workers.teardown.abort();
     }
 
-    /// Run a closure on the locked state (introspection and tests).
+    /// Run a closure on the locked state (introspection, metadata, reconcile and tests).
     pub fn with_state<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         f(&mut self.shared.lock())
+    }
+
+    /// Update the reconcile findings shown by Stats.
+    pub fn with_reconcile_stats<R>(&self, f: impl FnOnce(&mut ReconcileStats) -> R) -> R {
+        f(&mut self
+            .shared
+            .reconcile
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The Prometheus exposition, gauges read now.
+    pub fn render_metrics(&self) -> String {
+        let counts = self.shared.lock().counts(now_ms());
+        let orphans = self.with_reconcile_stats(|r| r.last_run_ms.map(|_| r.orphan_veth_count));
+        self.shared.metrics.render(&counts, orphans)
     }
 
     /// Make `records` durable; on success they are committed in memory before this returns.
@@ -169,7 +213,13 @@ impl Ipam {
     async fn wait_until<T>(
         &self,
         mut step: impl FnMut(&mut State) -> Result<Result<T, String>, Refusal>,
-    ) -> Result<T, Handled> {
+    ) -> Result<T, Refusal> {
+        // Nearly every request goes through at once: no waiter registration for those.
+        match step(&mut self.shared.lock()) {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(_)) => {}
+            Err(r) => return Err(r),
+        }
         let deadline = Instant::now() + WAIT_LIMIT;
         loop {
             let notified = self.shared.changed.notified();
@@ -179,15 +229,63 @@ impl Ipam {
             let why = match step(&mut self.shared.lock()) {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(why)) => why,
-                Err(r) => return Err(error(r.kind, r.message)),
+                Err(r) => return Err(r),
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if tokio::time::timeout(left, notified).await.is_err() {
-                return Err(error(
+                return Err(Refusal::new(
                     ErrorKind::Unavailable,
                     format!("gave up after {}s waiting: {why}", WAIT_LIMIT.as_secs()),
                 ));
             }
+        }
+    }
+
+    async fn allocate(
+        &self,
+        key: AttachmentKey,
+        pod: aliasnet_ipam_proto::PodRef,
+        pool: Option<String>,
+        host_veth: Option<String>,
+    ) -> Handled {
+        let step = self
+            .wait_until(|st| {
+                let r = AllocRequest {
+                    key: &key,
+                    pod: &pod,
+                    pool: pool.as_deref(),
+                    host_veth: host_veth.as_deref(),
+                };
+                Ok(match st.begin_allocate(r, now_ms())? {
+                    AllocStep::Wait(why) => Err(why),
+                    s => Ok(s),
+                })
+            })
+            .await;
+        let metrics = &self.shared.metrics;
+        match step {
+            Err(r) => {
+                metrics.allocation_error(pool.as_deref(), r.kind);
+                error(r.kind, r.message)
+            }
+            Ok(AllocStep::Existing(lease)) => Response::Allocated { lease }.into(),
+            Ok(AllocStep::Fresh { lease, record }) => match self.commit(vec![record]).await {
+                Ok(()) => {
+                    tracing::debug!(key = %lease.key, address = %lease.address, "allocated");
+                    metrics.allocated(&lease.pool);
+                    Handled {
+                        response: Response::Allocated {
+                            lease: lease.clone(),
+                        },
+                        rollback: Some(lease),
+                    }
+                }
+                Err(e) => {
+                    metrics.allocation_error(pool.as_deref(), ErrorKind::Storage);
+                    storage_error("allocation", &key, &e)
+                }
+            },
+            Ok(AllocStep::Wait(_)) => unreachable!("wait_until never returns a wait"),
         }
     }
 
@@ -199,41 +297,7 @@ impl Ipam {
                 pod,
                 pool,
                 host_veth,
-            } => {
-                let step = self
-                    .wait_until(|st| {
-                        let r = AllocRequest {
-                            key: &key,
-                            pod: &pod,
-                            pool: pool.as_deref(),
-                            host_veth: host_veth.as_deref(),
-                        };
-                        Ok(match st.begin_allocate(r, now_ms())? {
-                            AllocStep::Wait(why) => Err(why),
-                            s => Ok(s),
-                        })
-                    })
-                    .await;
-                match step {
-                    Err(h) => h,
-                    Ok(AllocStep::Existing(lease)) => Response::Allocated { lease }.into(),
-                    Ok(AllocStep::Fresh { lease, record }) => {
-                        match self.commit(vec![record]).await {
-                            Ok(()) => {
-                                tracing::debug!(key = %lease.key, address = %lease.address, "allocated");
-                                Handled {
-                                    response: Response::Allocated {
-                                        lease: lease.clone(),
-                                    },
-                                    rollback: Some(lease),
-                                }
-                            }
-                            Err(e) => storage_error("allocation", &key, &e),
-                        }
-                    }
-                    Ok(AllocStep::Wait(_)) => unreachable!("wait_until never returns a wait"),
-                }
-            }
+            } => self.allocate(key, pod, pool, host_veth).await,
             Request::Release { key, teardown_link } => {
                 match self.release(&key, teardown_link.as_deref(), None).await {
                     Ok(address) => Response::Released { address }.into(),
@@ -244,34 +308,40 @@ impl Ipam {
                 Ok(lease) => Response::Lease { lease }.into(),
                 Err(r) => error(r.kind, r.message),
             },
-            Request::List => Response::Leases {
-                leases: self.shared.lock().list(),
-            }
-            .into(),
-            Request::Gc { network, valid } => {
-                let step = self.shared.lock().begin_gc(&network, &valid, now_ms());
-                match step {
-                    Err(r) => error(r.kind, r.message),
-                    Ok(v) if v.is_empty() => Response::GcDone { released: vec![] }.into(),
-                    Ok(v) => {
-                        let (records, released): (Vec<Record>, Vec<Lease>) = v.into_iter().unzip();
-                        match self.commit(records).await {
-                            Ok(()) => {
-                                tracing::info!(
-                                    network,
-                                    released = released.len(),
-                                    "gc released stale leases"
-                                );
-                                Response::GcDone { released }.into()
-                            }
-                            Err(e) => error(
-                                ErrorKind::Storage,
-                                format!("gc of network {network} was not made durable, nothing was released: {e}"),
-                            ),
-                        }
-                    }
+            Request::List => {
+                // Built within the frame budget, so a big node cannot make it allocate the
+                // whole table as JSON just to refuse it.
+                let (leases, more) = self.shared.lock().list_page(None, usize::MAX, PAGE_BYTES);
+                if more.is_some() {
+                    return error(
+                        ErrorKind::Internal,
+                        format!(
+                            "the reply would exceed the {MAX_FRAME}-byte frame limit; use ListPage \
+                             (aliasnet_ipam_proto::Client::list_all) to page through the leases"
+                        ),
+                    );
                 }
+                Response::Leases { leases }.into()
             }
+            Request::ListPage { after, limit } => {
+                let limit = limit.unwrap_or(LIST_PAGE_DEFAULT);
+                if limit == 0 || limit > LIST_PAGE_MAX {
+                    return error(
+                        ErrorKind::BadRequest,
+                        format!("limit must be 1 to {LIST_PAGE_MAX}, got {limit}"),
+                    );
+                }
+                let (leases, next) =
+                    self.shared
+                        .lock()
+                        .list_page(after.map(u32::from), limit as usize, PAGE_BYTES);
+                Response::LeasePage {
+                    leases,
+                    next: next.map(Ipv4Addr::from),
+                }
+                .into()
+            }
+            Request::Gc { network, valid } => self.gc(network, valid).await,
             Request::Status { pool } => {
                 match self.shared.lock().status(pool.as_deref(), now_ms()) {
                     Ok((ready, free, reason)) => Response::Status {
@@ -283,10 +353,71 @@ impl Ipam {
                     Err(r) => error(r.kind, r.message),
                 }
             }
-            Request::Stats => Response::Stats {
-                pools: self.shared.lock().stats(now_ms()),
+            Request::Stats => {
+                let pools = self.shared.lock().stats(now_ms());
+                Response::Stats {
+                    pools,
+                    reconcile: self.with_reconcile_stats(|r| r.clone()),
+                }
+                .into()
             }
-            .into(),
+            Request::RecordOp {
+                verb,
+                code,
+                duration_us,
+            } => match self.shared.metrics.cni_operation(
+                &verb,
+                code,
+                Duration::from_micros(duration_us),
+            ) {
+                Ok(()) => Response::Recorded.into(),
+                Err(m) => error(ErrorKind::BadRequest, m),
+            },
+        }
+    }
+
+    async fn gc(&self, network: String, valid: Vec<aliasnet_ipam_proto::Attachment>) -> Handled {
+        // Recovered leases are only released when their veth is gone: ask the kernel first
+        // (without the lock), and release none of them if it cannot say.
+        let has_recovered = self.shared.lock().has_recovered();
+        let links: Option<HashSet<String>> = if has_recovered {
+            self.shared
+                .remover
+                .list()
+                .await
+                .ok()
+                .map(|v| v.into_iter().map(|l| l.name).collect())
+        } else {
+            None
+        };
+        let gone = |veth: &str| links.as_ref().is_some_and(|l| !l.contains(veth));
+        let step = self
+            .shared
+            .lock()
+            .begin_gc(&network, &valid, now_ms(), &gone);
+        match step {
+            Err(r) => error(r.kind, r.message),
+            Ok(v) if v.is_empty() => Response::GcDone { released: vec![] }.into(),
+            Ok(v) => {
+                let (records, released): (Vec<Record>, Vec<Lease>) = v.into_iter().unzip();
+                match self.commit(records).await {
+                    Ok(()) => {
+                        for l in &released {
+                            self.shared.metrics.released(&l.pool);
+                        }
+                        tracing::info!(
+                            network,
+                            released = released.len(),
+                            "gc released stale leases"
+                        );
+                        Response::GcDone { released }.into()
+                    }
+                    Err(e) => error(
+                        ErrorKind::Storage,
+                        format!("gc of network {network} was not made durable, nothing was released: {e}"),
+                    ),
+                }
+            }
         }
     }
 
@@ -296,7 +427,7 @@ impl Ipam {
         key: &AttachmentKey,
         teardown: Option<&str>,
         not_after: Option<u64>,
-    ) -> Result<Option<std::net::Ipv4Addr>, Handled> {
+    ) -> Result<Option<Ipv4Addr>, Handled> {
         let step = self
             .wait_until(
                 |st| match st.begin_release(key, teardown, not_after, now_ms())? {
@@ -304,7 +435,8 @@ impl Ipam {
                     s => Ok(Ok(s)),
                 },
             )
-            .await?;
+            .await
+            .map_err(|r| error(r.kind, r.message))?;
         match step {
             ReleaseStep::NotFound { teardown } => {
                 if let Some(l) = teardown {
@@ -312,14 +444,37 @@ impl Ipam {
                 }
                 Ok(None)
             }
-            ReleaseStep::Fresh { record, address } => match self.commit(vec![record]).await {
+            ReleaseStep::Fresh {
+                record,
+                address,
+                pool,
+            } => match self.commit(vec![record]).await {
                 Ok(()) => {
                     tracing::debug!(%key, %address, "released");
+                    self.shared.metrics.released(&pool);
                     Ok(Some(address))
                 }
                 Err(e) => Err(storage_error("release", key, &e)),
             },
             ReleaseStep::Wait(_) => unreachable!("wait_until never returns a wait"),
+        }
+    }
+
+    /// Release the lease at `addr` if it is still the one allocated at `allocated_at_ms`
+    /// (reconcile: its host veth stayed gone). Returns whether it was released.
+    pub async fn release_stale(&self, addr: u32, allocated_at_ms: u64) -> Result<bool, String> {
+        let step = self
+            .shared
+            .lock()
+            .begin_release_stale(addr, allocated_at_ms, now_ms());
+        match step {
+            Some(ReleaseStep::Fresh { record, pool, .. }) => {
+                self.commit(vec![record]).await?;
+                self.shared.metrics.released(&pool);
+                self.shared.metrics.reconcile_released();
+                Ok(true)
+            }
+            _ => Ok(false),
         }
     }
 
@@ -418,11 +573,19 @@ fn storage_error(what: &str, key: &AttachmentKey, e: &str) -> Handled {
     )
 }
 
+type Compaction = Option<(u64, JoinHandle<Result<u64, store::StoreError>>)>;
+
 /// The group-commit writer: one write + fdatasync per batch of everything queued.
-fn writer_loop(mut store: Store, shared: &Shared, mut rx: mpsc::UnboundedReceiver<WriterMsg>) {
-    let mut compaction: Option<(u64, JoinHandle<Result<u64, store::StoreError>>)> = None;
+fn writer_loop(
+    mut store: Store,
+    shared: &Shared,
+    mut rx: mpsc::UnboundedReceiver<WriterMsg>,
+    cooldown_ms: u64,
+) {
+    let mut compaction: Compaction = None;
     let mut stopping = false;
-    maybe_compact(&mut store, shared, &mut compaction);
+    let mut buf = Vec::with_capacity(64 << 10);
+    maybe_compact(&mut store, &mut compaction, cooldown_ms);
     while !stopping {
         let mut batch = match rx.blocking_recv() {
             Some(WriterMsg::Commit { records, ack }) => vec![(records, ack)],
@@ -442,21 +605,29 @@ fn writer_loop(mut store: Store, shared: &Shared, mut rx: mpsc::UnboundedReceive
                 Err(_) => break,
             }
         }
-        write_batch(&mut store, shared, batch);
-        maybe_compact(&mut store, shared, &mut compaction);
+        write_batch(&mut store, shared, batch, &mut buf);
+        maybe_compact(&mut store, &mut compaction, cooldown_ms);
     }
     // Requests still queued behind Stop are written too: nothing queued is dropped unanswered.
     while let Ok(WriterMsg::Commit { records, ack }) = rx.try_recv() {
-        write_batch(&mut store, shared, vec![(records, ack)]);
+        write_batch(&mut store, shared, vec![(records, ack)], &mut buf);
     }
     if let Some((g, h)) = compaction.take() {
         finish_compaction(&mut store, g, h);
     }
 }
 
-fn write_batch(store: &mut Store, shared: &Shared, batch: Vec<(Vec<Record>, Ack)>) {
-    let buf = store::encode_records(batch.iter().flat_map(|(r, _)| r));
-    let res = store.append(&buf);
+fn write_batch(
+    store: &mut Store,
+    shared: &Shared,
+    batch: Vec<(Vec<Record>, Ack)>,
+    buf: &mut Vec<u8>,
+) {
+    buf.clear();
+    for r in batch.iter().flat_map(|(r, _)| r) {
+        store::record::encode(buf, r);
+    }
+    let res = store.append(buf);
     let mut links = Vec::new();
     {
         let mut st = shared.lock();
@@ -515,12 +686,8 @@ fn finish_compaction(
     }
 }
 
-/// Rotate the log and write a snapshot in the background once enough log has accumulated.
-fn maybe_compact(
-    store: &mut Store,
-    shared: &Shared,
-    compaction: &mut Option<(u64, JoinHandle<Result<u64, store::StoreError>>)>,
-) {
+/// Rotate the log and merge a snapshot in the background once enough log has accumulated.
+fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u64) {
     if let Some((g, h)) = compaction.take() {
         if h.is_finished() {
             finish_compaction(store, g, h);
@@ -532,8 +699,8 @@ fn maybe_compact(
     if !store.should_compact() {
         return;
     }
-    // Between batches nothing is half-written, so the committed state is exactly what the
-    // logs before the new generation hold.
+    // Between batches nothing is half-written: the logs before the new generation hold
+    // exactly the acknowledged changes, and the writer never touches them again.
     let generation = match store.rotate() {
         Ok(g) => g,
         Err(e) => {
@@ -541,11 +708,10 @@ fn maybe_compact(
             return;
         }
     };
-    let bytes = shared.lock().snapshot(generation);
-    let dir = store.dir().to_path_buf();
+    let job = store.compaction(generation, now_ms(), cooldown_ms);
     let h = std::thread::Builder::new()
         .name("ipam-snapshot".into())
-        .spawn(move || store::write_snapshot(&dir, &bytes).map(|()| bytes.len() as u64));
+        .spawn(move || job.run());
     match h {
         Ok(h) => *compaction = Some((generation, h)),
         Err(e) => tracing::error!(error = %e, "cannot start the snapshot thread"),
@@ -677,7 +843,7 @@ mod tests {
             Response::Lease { lease: None }
         );
         // The address the failed request had reserved is free again.
-        let Response::Stats { pools } = ipam.handle(Request::Stats).await.response else {
+        let Response::Stats { pools, .. } = ipam.handle(Request::Stats).await.response else {
             panic!()
         };
         assert_eq!((pools[0].free, pools[0].allocated), (4, 0));

@@ -10,6 +10,13 @@
 //! `Free -> Leased -> Cooling (FIFO, for the cooldown) -> Free`, with a detour through `Held`
 //! when the cooldown ends while the old host veth is still being deleted (its /32 route still
 //! points at the old veth until then).
+//!
+//! Metadata pools (`azure-imds`) learn their addresses at run time ([`State::apply_metadata`]).
+//! Each address gets a slot when first seen and keeps it; a slot is *present* while the last
+//! good read lists it. A slot is in the free bitmap exactly when it is `Free` and present, so
+//! an address that left the metadata is never handed out, whatever state it was in: a free
+//! one leaves the pool at once, a leased one (reported as *missing*) stays with its pod and,
+//! once released, cools down and then stays out until the metadata lists it again.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -18,14 +25,17 @@ use std::{
     time::Duration,
 };
 
-use aliasnet_ipam_proto::{Attachment, AttachmentKey, ErrorKind, Lease, PodRef, PoolStats};
+use aliasnet_ipam_proto::{
+    host_veth_name, Attachment, AttachmentKey, ErrorKind, Lease, MetadataStatus, PodRef, PoolStats,
+    RECOVERED_NETWORK,
+};
 
 use crate::{
     bitmap::FreeBitmap,
-    config::{Config, OnOnlyCooling, PoolSpec},
+    config::{Config, OnOnlyCooling, PoolSpec, MAX_METADATA_ADDRESSES},
     lease::{
-        key_parts, pack_extra, pack_key, validate_ifname, validate_key, validate_pod, LeaseEntry,
-        LeaseState,
+        encode_data, encode_key, validate_ifname, validate_key, validate_pod, LeaseEntry,
+        LeaseState, LeaseTable,
     },
     store::{
         record::{AllocRec, CoolRec, Record, ReleaseRec},
@@ -65,14 +75,25 @@ enum Slot {
 
 struct Pool {
     spec: PoolSpec,
-    /// Pool-local index of the first address of each range in `spec.ranges`.
+    /// Static pools: pool-local index of the first address of each range in `spec.ranges`.
     bases: Vec<u32>,
+    /// Metadata pools: slot -> address (slots are appended as addresses appear).
+    addrs: Vec<u32>,
+    /// Metadata pools: whether the slot's address is in the last good read.
+    present: Vec<bool>,
     free: FreeBitmap,
     slots: Vec<Slot>,
     /// (slot, release time in ms), oldest first.
     cooling: VecDeque<(u32, u64)>,
     held: usize,
     leased: usize,
+    /// Leased slots that are not present (metadata pools).
+    missing: usize,
+    /// Present slots (metadata pools).
+    present_count: usize,
+    /// A metadata read has been applied (metadata pools); until then the pool has no address.
+    synced: bool,
+    metadata: Option<MetadataStatus>,
 }
 
 impl Pool {
@@ -83,20 +104,67 @@ impl Pool {
             bases.push(n);
             n += r.len() as u32;
         }
+        let metadata = spec.imds.as_ref().map(|i| MetadataStatus {
+            url: i.url.clone(),
+            ..MetadataStatus::default()
+        });
         Self {
             free: FreeBitmap::new_free(n as usize),
             slots: vec![Slot::Free; n as usize],
             spec,
             bases,
+            addrs: Vec::new(),
+            present: Vec::new(),
             cooling: VecDeque::new(),
             held: 0,
             leased: 0,
+            missing: 0,
+            present_count: 0,
+            synced: false,
+            metadata,
         }
     }
 
+    fn dynamic(&self) -> bool {
+        self.spec.source.is_dynamic()
+    }
+
     fn addr_of(&self, idx: u32) -> u32 {
+        if self.dynamic() {
+            return self.addrs[idx as usize];
+        }
         let k = self.bases.partition_point(|b| *b <= idx) - 1;
         self.spec.ranges[k].first + (idx - self.bases[k])
+    }
+
+    fn is_present(&self, idx: u32) -> bool {
+        !self.dynamic() || self.present[idx as usize]
+    }
+
+    /// Put a slot back to `Free` (in the bitmap only while present).
+    fn make_free(&mut self, idx: u32) {
+        self.slots[idx as usize] = Slot::Free;
+        if self.is_present(idx) {
+            self.free.set_free(idx as usize);
+        }
+    }
+
+    /// Insert a cooling entry at its place in time.
+    fn push_cooling(&mut self, idx: u32, at: u64) {
+        if self.cooling.back().is_none_or(|(_, t)| *t <= at) {
+            self.cooling.push_back((idx, at));
+        } else {
+            let pos = self.cooling.partition_point(|(_, t)| *t <= at);
+            self.cooling.insert(pos, (idx, at));
+        }
+    }
+
+    fn size(&self) -> u64 {
+        if self.dynamic() {
+            self.present_count as u64
+        } else {
+            self.spec.size
+        }
     }
 
     /// Cooling addresses that are not reusable yet (including held ones).
@@ -105,11 +173,22 @@ impl Pool {
     }
 
     fn usage(&self, cooldown: Duration, now_ms: u64) -> String {
+        if self.dynamic() && !self.synced {
+            let why = self
+                .metadata
+                .as_ref()
+                .and_then(|m| m.last_error.clone())
+                .unwrap_or_else(|| "no answer yet".into());
+            return format!(
+                "pool '{}' ({}) has no addresses yet: no metadata read has succeeded ({why})",
+                self.spec.name, self.spec.description
+            );
+        }
         let mut s = format!(
             "pool '{}' ({}, {} addresses) has no free address: {} allocated, {} cooling",
             self.spec.name,
             self.spec.description,
-            self.spec.size,
+            self.size(),
             self.leased,
             self.cooling_count()
         );
@@ -123,6 +202,13 @@ impl Pool {
         }
         if self.held > 0 {
             let _ = write!(s, ", {} waiting for their old host veth to go", self.held);
+        }
+        if self.missing > 0 {
+            let _ = write!(
+                s,
+                ", {} leased addresses gone from the metadata",
+                self.missing
+            );
         }
         s
     }
@@ -165,6 +251,7 @@ pub enum ReleaseStep {
     Fresh {
         record: Record,
         address: Ipv4Addr,
+        pool: String,
     },
     Wait(String),
 }
@@ -178,16 +265,54 @@ pub struct LoadReport {
     pub orphans: Vec<Lease>,
     /// Links whose deletion a crash interrupted; queue them again.
     pub teardowns: Vec<Box<str>>,
+    /// Leases rebuilt by `recover` (key unknown).
+    pub recovered: usize,
+}
+
+/// What a metadata read changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MetadataChange {
+    /// Addresses that became usable.
+    pub added: Vec<Ipv4Addr>,
+    /// Addresses that left the metadata (free ones left the pool).
+    pub removed: Vec<Ipv4Addr>,
+    /// Leases whose address left the metadata with this read.
+    pub missing: Vec<Lease>,
+    /// Addresses listed but refused: (address, why).
+    pub refused: Vec<(Ipv4Addr, String)>,
+}
+
+impl MetadataChange {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// Per-pool numbers for metrics, all read in one pass under the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub name: String,
+    pub size: u64,
+    /// Leased and present.
+    pub allocated: u64,
+    /// Cooling, not counting `pending_teardown`.
+    pub cooling: u64,
+    pub pending_teardown: u64,
+    pub free: u64,
+    pub missing: u64,
 }
 
 pub struct State {
     cooldown: Duration,
     policy: OnOnlyCooling,
+    veth_prefix: String,
     pools: Vec<Pool>,
     spans: Vec<Span>,
+    /// Addresses of metadata pools -> (pool, slot).
+    dynamic: HashMap<u32, (usize, u32)>,
     /// Pool names: the configured pools first, then names only old records mention.
     names: Vec<Box<str>>,
-    leases: HashMap<Box<str>, LeaseEntry>,
+    leases: LeaseTable,
     orphans: usize,
     /// Address -> link whose deletion it waits for.
     holds: HashMap<u32, Box<str>>,
@@ -196,10 +321,15 @@ pub struct State {
     /// Pending allocations that took a cooling address (`reuse-oldest`): address -> release
     /// time, so an abort puts it back to cool instead of freeing it early.
     reused: HashMap<u32, u64>,
+    /// Released addresses in no pool yet (a metadata pool's, before its first read after a
+    /// restart): address -> release time. They cool down when the metadata lists them again.
+    unplaced_cooling: HashMap<u32, u64>,
+    /// Recovered leases (key unknown) by host veth -> lease id.
+    recovered: HashMap<Box<str>, u32>,
 }
 
-/// Pool and pool-local slot of `addr`.
-fn locate(spans: &[Span], addr: u32) -> Option<(usize, u32)> {
+/// Pool and pool-local slot of `addr` in a static pool.
+fn locate_span(spans: &[Span], addr: u32) -> Option<(usize, u32)> {
     let i = spans.partition_point(|s| s.first <= addr);
     let s = spans.get(i.checked_sub(1)?)?;
     (addr <= s.last).then(|| (s.pool, s.base + (addr - s.first)))
@@ -233,14 +363,18 @@ impl State {
         Self {
             cooldown: config.cooldown,
             policy: config.on_only_cooling,
+            veth_prefix: config.host_veth_prefix.clone(),
             names: pools.iter().map(|p| p.spec.name.as_str().into()).collect(),
             pools,
             spans,
-            leases: HashMap::new(),
+            dynamic: HashMap::new(),
+            leases: LeaseTable::default(),
             orphans: 0,
             holds: HashMap::new(),
             teardowns: HashMap::new(),
             reused: HashMap::new(),
+            unplaced_cooling: HashMap::new(),
+            recovered: HashMap::new(),
         }
     }
 
@@ -254,41 +388,82 @@ impl State {
             cooling,
             ..
         } = loaded;
-        // Take the loaded map as is: re-inserting 200,000 leases would double the load time.
+        // Map the loaded pool-name table onto ours once, not per lease.
+        let name_map: Vec<u16> = names.iter().map(|n| st.intern(n)).collect();
+        // Take the loaded table as is: re-inserting 200,000 leases would double the load time.
         st.leases = leases;
-        let mut orphan_names: Vec<(Box<str>, u16)> = Vec::new();
-        for (key, e) in &mut st.leases {
-            match locate(&st.spans, e.addr) {
+        let mut orphan_ids = Vec::new();
+        let ids: Vec<u32> = st.leases.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            let e = st.leases.get_mut(id);
+            let recorded = name_map
+                .get(usize::from(e.pool_name))
+                .copied()
+                .unwrap_or(u16::MAX);
+            let addr = e.addr;
+            let placed = match locate_span(&st.spans, addr) {
+                Some(found) => Some(found),
+                None => {
+                    // A metadata pool's lease: its slot exists from now on, absent until the
+                    // pool's first read lists the address.
+                    let p = usize::from(recorded);
+                    if st.pools.get(p).is_some_and(Pool::dynamic) {
+                        st.dyn_slot(p, addr)
+                    } else {
+                        None
+                    }
+                }
+            };
+            let e = st.leases.get_mut(id);
+            match placed {
                 Some((p, idx)) => {
+                    e.pool_name = p as u16;
                     let pool = &mut st.pools[p];
                     pool.free.take(idx as usize);
                     pool.slots[idx as usize] = Slot::Leased;
                     pool.leased += 1;
-                    e.pool_name = p as u16;
+                    if !pool.is_present(idx) {
+                        pool.missing += 1;
+                    }
                 }
                 None => {
+                    e.pool_name = recorded;
                     st.orphans += 1;
-                    orphan_names.push((key.clone(), e.pool_name));
+                    orphan_ids.push(id);
+                }
+            }
+            if e.network_is(RECOVERED_NETWORK) {
+                if let Some(v) = e.host_veth() {
+                    st.recovered.insert(v.into(), id);
+                    report.recovered += 1;
                 }
             }
         }
-        for (key, loaded_name) in orphan_names {
-            let idx = st.intern(&names[loaded_name as usize]);
-            let e = st.leases.get_mut(&key).expect("listed above");
-            e.pool_name = idx;
-            let e = &st.leases[&key];
-            report.orphans.push(st.lease_of(&key, e));
+        for id in orphan_ids {
+            report.orphans.push(st.lease_of(id));
         }
         report.leases = st.leases.len();
 
-        let live_veths: HashSet<&str> = if cooling.values().any(|(_, t)| t.is_some()) {
-            st.leases
-                .values()
-                .filter_map(LeaseEntry::host_veth)
-                .collect()
-        } else {
-            HashSet::new()
-        };
+        // Links still to delete that a live lease uses again (deleted and re-created since):
+        // a scan of the leases against the few pending links, no string per lease.
+        let pending: HashSet<&str> = cooling.values().filter_map(|(_, l)| l.as_deref()).collect();
+        let mut live_veths: HashSet<String> = HashSet::new();
+        if !pending.is_empty() {
+            for (_, e) in st.leases.iter() {
+                match e.host_veth_field() {
+                    Some(crate::lease::Field::Raw(name)) if pending.contains(name) => {
+                        live_veths.insert(name.to_owned());
+                    }
+                    Some(crate::lease::Field::Raw(_)) | None => {}
+                    Some(other) => {
+                        let name = other.to_string_lossless();
+                        if pending.contains(name.as_str()) {
+                            live_veths.insert(name);
+                        }
+                    }
+                }
+            }
+        }
         let mut cooling: Vec<(u32, u64, Option<Box<str>>)> =
             cooling.into_iter().map(|(a, (t, l))| (a, t, l)).collect();
         cooling.sort_by_key(|(a, t, _)| (*t, *a));
@@ -296,16 +471,25 @@ impl State {
         for (addr, at, link) in cooling {
             // A link a live lease uses again was already deleted and re-created: keep it.
             let link = link.filter(|l| !live_veths.contains(&**l));
-            if let Some((p, idx)) = st.locate(addr) {
-                let pool = &mut st.pools[p];
-                if pool.slots[idx as usize] == Slot::Free {
-                    pool.free.take(idx as usize);
-                    pool.slots[idx as usize] = Slot::Cooling;
-                    // A clock that went backwards must not stretch the cooldown without bound.
-                    pool.cooling.push_back((idx, at.min(now_ms)));
-                    report.cooling += 1;
-                    if let Some(l) = &link {
-                        holds.push((addr, l.clone()));
+            // A clock that went backwards must not stretch the cooldown without bound.
+            let at = at.min(now_ms);
+            match st.locate(addr) {
+                Some((p, idx)) => {
+                    let pool = &mut st.pools[p];
+                    if pool.slots[idx as usize] == Slot::Free {
+                        pool.free.take(idx as usize);
+                        pool.slots[idx as usize] = Slot::Cooling;
+                        pool.cooling.push_back((idx, at));
+                        report.cooling += 1;
+                        if let Some(l) = &link {
+                            holds.push((addr, l.clone()));
+                        }
+                    }
+                }
+                None => {
+                    if at.saturating_add(ms(st.cooldown)) > now_ms {
+                        st.unplaced_cooling.insert(addr, at);
+                        report.cooling += 1;
                     }
                 }
             }
@@ -327,20 +511,43 @@ impl State {
             return i as u16;
         }
         self.names.push(name.into());
-        // Bounded: MAX_POOLS configured names plus at most one per orphaned lease's pool.
+        // Bounded: MAX_POOLS configured names plus the few that old records mention.
         u16::try_from(self.names.len() - 1).unwrap_or(u16::MAX)
     }
 
+    /// A new (absent, free) slot for `addr` in metadata pool `p`.
+    fn dyn_slot(&mut self, p: usize, addr: u32) -> Option<(usize, u32)> {
+        if let Some(found) = self.dynamic.get(&addr) {
+            return Some(*found);
+        }
+        let pool = &mut self.pools[p];
+        if pool.addrs.len() >= MAX_METADATA_ADDRESSES {
+            return None;
+        }
+        let idx = pool.addrs.len() as u32;
+        pool.addrs.push(addr);
+        pool.present.push(false);
+        pool.slots.push(Slot::Free);
+        pool.free.grow(pool.addrs.len());
+        self.dynamic.insert(addr, (p, idx));
+        Some((p, idx))
+    }
+
     fn locate(&self, addr: u32) -> Option<(usize, u32)> {
-        locate(&self.spans, addr)
+        locate_span(&self.spans, addr).or_else(|| self.dynamic.get(&addr).copied())
     }
 
     fn pool_name(&self, e: &LeaseEntry) -> &str {
         self.names.get(e.pool_name as usize).map_or("", |n| &**n)
     }
 
-    fn lease_of(&self, key: &str, e: &LeaseEntry) -> Lease {
-        e.to_lease(key, self.pool_name(e))
+    fn lease_of(&self, id: u32) -> Lease {
+        let e = self.leases.get(id);
+        let mut l = e.to_lease(self.pool_name(e));
+        if let Some((p, idx)) = self.locate(e.addr) {
+            l.missing = !self.pools[p].is_present(idx);
+        }
+        l
     }
 
     /// Move every address whose cooldown is over out of its pool's FIFO.
@@ -357,10 +564,13 @@ impl State {
                     pool.slots[idx as usize] = Slot::Held;
                     pool.held += 1;
                 } else {
-                    pool.slots[idx as usize] = Slot::Free;
-                    pool.free.set_free(idx as usize);
+                    pool.make_free(idx);
                 }
             }
+        }
+        if !self.unplaced_cooling.is_empty() {
+            self.unplaced_cooling
+                .retain(|_, at| at.saturating_add(cd) > now_ms);
         }
     }
 
@@ -388,6 +598,21 @@ impl State {
         }
     }
 
+    /// The recovered lease (key unknown) of host veth `veth`, if any.
+    fn recovered_of(&self, veth: &str) -> Option<u32> {
+        self.recovered.get(veth).copied()
+    }
+
+    /// The recovered lease `key` stands for: through `link` (what the plugin names), or the
+    /// host veth name the key hashes to.
+    fn recovered_for(&self, key: &AttachmentKey, link: Option<&str>) -> Option<u32> {
+        if self.recovered.is_empty() {
+            return None;
+        }
+        link.and_then(|l| self.recovered_of(l))
+            .or_else(|| self.recovered_of(&host_veth_name(&self.veth_prefix, key)))
+    }
+
     /// Reserve an address for `req.key` (pending until committed).
     pub fn begin_allocate(
         &mut self,
@@ -400,8 +625,9 @@ impl State {
             validate_ifname("host_veth", v).map_err(Refusal::bad)?;
         }
         let eligible = self.eligible(req.pool)?;
-        let key = pack_key(req.key);
-        if let Some(e) = self.leases.get_mut(&key) {
+        let key = encode_key(req.key);
+        if let Some(id) = self.leases.find(&key) {
+            let e = self.leases.get_mut(id);
             if e.state != LeaseState::Committed {
                 return Ok(AllocStep::Wait(format!(
                     "a change to {} is in flight",
@@ -409,8 +635,7 @@ impl State {
                 )));
             }
             e.seen = true;
-            let e = &self.leases[&key];
-            return Ok(AllocStep::Existing(self.lease_of(&key, e)));
+            return Ok(AllocStep::Existing(self.lease_of(id)));
         }
         if let Some(v) = req.host_veth {
             if self.teardowns.contains_key(v) {
@@ -447,41 +672,41 @@ impl State {
         pool.slots[idx as usize] = Slot::Leased;
         pool.leased += 1;
         let addr = pool.addr_of(idx);
-        let (extra, present) = pack_extra(req.pod, req.host_veth);
+        let (data, key_len) = encode_data(req.key, req.pod, req.host_veth);
         let entry = LeaseEntry {
-            extra: extra.clone(),
-            present,
+            data: data.clone(),
+            allocated_at_ms: now_ms,
+            addr,
+            key_len,
+            pool_name: p as u16,
             state: LeaseState::PendingAlloc,
             seen: false,
-            pool_name: p as u16,
-            addr,
-            allocated_at_ms: now_ms,
         };
-        let lease = entry.to_lease(&key, &pool.spec.name);
+        let pool_name: Box<str> = pool.spec.name.as_str().into();
+        let lease = entry.to_lease(&pool_name);
         let record = Record::Alloc(AllocRec {
-            key: key.clone(),
+            data,
+            key_len,
             addr,
             allocated_at_ms: now_ms,
-            pool: pool.spec.name.as_str().into(),
-            extra,
-            present,
+            pool: pool_name,
         });
-        self.leases.insert(key, entry);
+        self.leases
+            .insert(entry)
+            .expect("the key holds no lease and the address was free");
         Ok(AllocStep::Fresh { lease, record })
     }
 
-    /// `reuse-oldest`: the cooling address released longest ago among `eligible` (not held).
+    /// `reuse-oldest`: the cooling address released longest ago among `eligible` (not held,
+    /// still present).
     fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<(usize, u32)> {
         let mut best: Option<(u64, usize, usize)> = None;
         for &p in eligible {
             let pool = &self.pools[p];
             // Held links are deleted within milliseconds, so a held entry is rarely far in.
-            if let Some((pos, &(_, at))) = pool
-                .cooling
-                .iter()
-                .enumerate()
-                .find(|(_, (idx, _))| !self.holds.contains_key(&pool.addr_of(*idx)))
-            {
+            if let Some((pos, &(_, at))) = pool.cooling.iter().enumerate().find(|(_, (idx, _))| {
+                pool.is_present(*idx) && !self.holds.contains_key(&pool.addr_of(*idx))
+            }) {
                 if best.is_none_or(|(t, _, _)| at < t) {
                     best = Some((at, p, pos));
                 }
@@ -498,12 +723,19 @@ impl State {
             .iter()
             .map(|&p| self.pools[p].cooling_count())
             .sum();
+        let unsynced = eligible
+            .iter()
+            .any(|&p| self.pools[p].dynamic() && !self.pools[p].synced);
         let mut msg = eligible
             .iter()
             .map(|&p| self.pools[p].usage(self.cooldown, now_ms))
             .collect::<Vec<_>>()
             .join("; ");
-        if cooling > 0 {
+        if unsynced {
+            msg.push_str(". Retry once the metadata has been read");
+            // A pool still waiting for its first read may have addresses any moment.
+            Refusal::new(ErrorKind::Unavailable, msg)
+        } else if cooling > 0 {
             let _ = write!(
                 msg,
                 ". The {cooling} cooling addresses were released less than {}s ago and are kept \
@@ -520,7 +752,8 @@ impl State {
 
     /// Start releasing `key`. `teardown` is a host link to delete once the release is durable.
     /// With `not_after` (a spool entry's time), a lease allocated later than that is newer than
-    /// the DEL that spooled it and is left alone.
+    /// the DEL that spooled it and is left alone. A key that holds nothing releases the
+    /// recovered lease (see [`RECOVERED_NETWORK`]) of its host veth, if there is one.
     pub fn begin_release(
         &mut self,
         key: &AttachmentKey,
@@ -532,29 +765,72 @@ impl State {
         if let Some(v) = teardown {
             validate_ifname("teardown_link", v).map_err(Refusal::bad)?;
         }
-        let packed = pack_key(key);
         let released_at_ms = not_after.map_or(now_ms, |t| t.min(now_ms));
-        let Some(e) = self.leases.get_mut(&packed) else {
+        let found = match self.leases.find(&encode_key(key)) {
+            Some(id) => {
+                if not_after.is_some_and(|t| self.leases.get(id).allocated_at_ms > t) {
+                    return Ok(ReleaseStep::NotFound { teardown: None });
+                }
+                Some(id)
+            }
+            // A recovered lease is the attachment as it was when the kernel was read: a DEL
+            // naming its veth is about it, whenever it was spooled.
+            None => self.recovered_for(key, teardown),
+        };
+        let Some(id) = found else {
             return Ok(ReleaseStep::NotFound {
                 teardown: teardown.and_then(|l| self.queue_unowned_teardown(l)),
             });
         };
+        self.release_id(id, teardown, released_at_ms, key)
+    }
+
+    fn release_id(
+        &mut self,
+        id: u32,
+        teardown: Option<&str>,
+        released_at_ms: u64,
+        key: &AttachmentKey,
+    ) -> Result<ReleaseStep, Refusal> {
+        let pool = self.pool_name(self.leases.get(id)).to_owned();
+        let e = self.leases.get_mut(id);
         if e.state != LeaseState::Committed {
             return Ok(ReleaseStep::Wait(format!("a change to {key} is in flight")));
         }
-        if not_after.is_some_and(|t| e.allocated_at_ms > t) {
-            return Ok(ReleaseStep::NotFound { teardown: None });
-        }
         e.state = LeaseState::PendingRelease;
+        // A recovered lease's own veth is the link to delete when the caller names none.
+        let teardown = teardown.map(Box::<str>::from).or_else(|| {
+            e.network_is(RECOVERED_NETWORK)
+                .then(|| e.host_veth().map(Into::into))
+                .flatten()
+        });
         Ok(ReleaseStep::Fresh {
             address: Ipv4Addr::from(e.addr),
             record: Record::Release(ReleaseRec {
-                key: packed,
+                key: e.key().into(),
                 addr: e.addr,
                 released_at_ms,
-                teardown: teardown.map(Into::into),
+                teardown,
             }),
+            pool,
         })
+    }
+
+    /// Start releasing the lease at `addr` if it is still the one allocated at
+    /// `allocated_at_ms` (reconcile: its veth is gone). `None` if it changed meanwhile.
+    pub fn begin_release_stale(
+        &mut self,
+        addr: u32,
+        allocated_at_ms: u64,
+        now_ms: u64,
+    ) -> Option<ReleaseStep> {
+        let id = self.leases.by_addr(addr)?;
+        let e = self.leases.get(id);
+        if e.allocated_at_ms != allocated_at_ms || e.state != LeaseState::Committed {
+            return None;
+        }
+        let key = e.attachment_key();
+        self.release_id(id, None, now_ms, &key).ok()
     }
 
     /// Register a link with no lease behind it for deletion; `Some` if newly queued.
@@ -567,36 +843,60 @@ impl State {
     }
 
     /// Start releasing every committed lease of `network` not in `valid`. Their host veths
-    /// are deleted once the releases are durable.
+    /// are deleted once the releases are durable. Recovered leases (network unknown) are
+    /// released too when no valid attachment hashes to their veth and `veth_gone` says the
+    /// veth no longer exists (with several networks on a node, a recovered lease may belong
+    /// to another one: its veth is the only safe evidence).
     pub fn begin_gc(
         &mut self,
         network: &str,
         valid: &[Attachment],
         now_ms: u64,
+        veth_gone: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<(Record, Lease)>, Refusal> {
         if network.is_empty() {
             return Err(Refusal::bad("gc: network must not be empty".into()));
         }
-        let valid: HashSet<(&str, &str)> = valid
+        let valid_set: HashSet<(&str, &str)> = valid
             .iter()
             .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
             .collect();
-        let stale: Vec<Box<str>> = self
-            .leases
-            .iter()
-            .filter(|(k, e)| {
-                let (n, c, i) = key_parts(k);
-                e.state == LeaseState::Committed && n == network && !valid.contains(&(c, i))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let mut stale: Vec<u32> = Vec::new();
+        for (id, e) in self.leases.iter() {
+            if e.state != LeaseState::Committed || !e.network_is(network) {
+                continue;
+            }
+            let k = e.attachment_key();
+            if !valid_set.contains(&(k.container_id.as_str(), k.ifname.as_str())) {
+                stale.push(id);
+            }
+        }
+        if !self.recovered.is_empty() {
+            let valid_veths: HashSet<String> = valid
+                .iter()
+                .map(|a| {
+                    host_veth_name(
+                        &self.veth_prefix,
+                        &AttachmentKey::new(network, &a.container_id, &a.ifname),
+                    )
+                })
+                .collect();
+            for (veth, id) in &self.recovered {
+                if self.leases.get(*id).state == LeaseState::Committed
+                    && !valid_veths.contains(&**veth)
+                    && veth_gone(veth)
+                {
+                    stale.push(*id);
+                }
+            }
+        }
         let mut out = Vec::with_capacity(stale.len());
-        for key in stale {
-            let lease = self.lease_of(&key, &self.leases[&key]);
-            let e = self.leases.get_mut(&key).expect("just listed");
+        for id in stale {
+            let lease = self.lease_of(id);
+            let e = self.leases.get_mut(id);
             e.state = LeaseState::PendingRelease;
             let record = Record::Release(ReleaseRec {
-                key,
+                key: e.key().into(),
                 addr: e.addr,
                 released_at_ms: now_ms,
                 teardown: e.host_veth().map(Into::into),
@@ -610,29 +910,35 @@ impl State {
     pub fn commit(&mut self, rec: &Record) -> Option<Box<str>> {
         match rec {
             Record::Alloc(a) => {
-                if let Some(e) = self.leases.get_mut(&a.key) {
-                    e.state = LeaseState::Committed;
+                if let Some(id) = self.leases.find(a.key()) {
+                    self.leases.get_mut(id).state = LeaseState::Committed;
                 }
                 self.reused.remove(&a.addr);
                 None
             }
             Record::Release(r) => {
-                self.leases.remove(&r.key);
+                if let Some(id) = self.leases.find(&r.key) {
+                    let e = self.leases.remove(id);
+                    if e.network_is(RECOVERED_NETWORK) {
+                        if let Some(v) = e.host_veth() {
+                            self.recovered.remove(v.as_str());
+                        }
+                    }
+                }
                 match self.locate(r.addr) {
                     Some((p, idx)) => {
                         let pool = &mut self.pools[p];
+                        if !pool.is_present(idx) {
+                            pool.missing -= 1;
+                        }
                         pool.slots[idx as usize] = Slot::Cooling;
                         pool.leased -= 1;
-                        let at = r.released_at_ms;
-                        if pool.cooling.back().is_none_or(|(_, t)| *t <= at) {
-                            pool.cooling.push_back((idx, at));
-                        } else {
-                            // A spooled release carries the older time of its DEL.
-                            let pos = pool.cooling.partition_point(|(_, t)| *t <= at);
-                            pool.cooling.insert(pos, (idx, at));
-                        }
+                        pool.push_cooling(idx, r.released_at_ms);
                     }
-                    None => self.orphans -= 1,
+                    None => {
+                        self.orphans -= 1;
+                        self.unplaced_cooling.insert(r.addr, r.released_at_ms);
+                    }
                 }
                 let link = r.teardown.as_ref()?;
                 let fresh = !self.teardowns.contains_key(link);
@@ -652,25 +958,25 @@ impl State {
     pub fn abort(&mut self, rec: &Record) {
         match rec {
             Record::Alloc(a) => {
-                if self.leases.remove(&a.key).is_some() {
-                    if let Some((p, idx)) = self.locate(a.addr) {
-                        let pool = &mut self.pools[p];
-                        pool.leased -= 1;
-                        if let Some(at) = self.reused.remove(&a.addr) {
-                            // Back into the FIFO at its place in time: the cooldown still runs.
-                            pool.slots[idx as usize] = Slot::Cooling;
-                            let pos = pool.cooling.partition_point(|(_, t)| *t <= at);
-                            pool.cooling.insert(pos, (idx, at));
-                        } else {
-                            pool.slots[idx as usize] = Slot::Free;
-                            pool.free.set_free(idx as usize);
-                        }
+                let Some(id) = self.leases.find(a.key()) else {
+                    return;
+                };
+                self.leases.remove(id);
+                if let Some((p, idx)) = self.locate(a.addr) {
+                    let pool = &mut self.pools[p];
+                    pool.leased -= 1;
+                    if let Some(at) = self.reused.remove(&a.addr) {
+                        // Back into the FIFO at its place in time: the cooldown still runs.
+                        pool.slots[idx as usize] = Slot::Cooling;
+                        pool.push_cooling(idx, at);
+                    } else {
+                        pool.make_free(idx);
                     }
                 }
             }
             Record::Release(r) => {
-                if let Some(e) = self.leases.get_mut(&r.key) {
-                    e.state = LeaseState::Committed;
+                if let Some(id) = self.leases.find(&r.key) {
+                    self.leases.get_mut(id).state = LeaseState::Committed;
                 }
             }
             Record::Cooling(_) | Record::End { .. } => {}
@@ -680,7 +986,8 @@ impl State {
     /// True while the fresh allocation of `key` made at `allocated_at_ms` is committed and has
     /// not been handed to anyone else (an idempotent repeat) since.
     pub fn unseen_fresh(&self, key: &AttachmentKey, allocated_at_ms: u64) -> bool {
-        self.leases.get(&pack_key(key)).is_some_and(|e| {
+        self.leases.find(&encode_key(key)).is_some_and(|id| {
+            let e = self.leases.get(id);
             e.state == LeaseState::Committed && !e.seen && e.allocated_at_ms == allocated_at_ms
         })
     }
@@ -692,9 +999,8 @@ impl State {
             if let Some((p, idx)) = self.locate(addr) {
                 let pool = &mut self.pools[p];
                 if pool.slots[idx as usize] == Slot::Held {
-                    pool.slots[idx as usize] = Slot::Free;
                     pool.held -= 1;
-                    pool.free.set_free(idx as usize);
+                    pool.make_free(idx);
                 }
             }
         }
@@ -705,35 +1011,110 @@ impl State {
         self.teardowns.contains_key(link)
     }
 
-    /// The acknowledged lease of `key`, if any. A change still in flight is not visible.
+    /// The acknowledged lease of `key`, if any (or the recovered lease of its host veth). A
+    /// change still in flight is not visible.
     pub fn check(&self, key: &AttachmentKey) -> Result<Option<Lease>, Refusal> {
         validate_key(key).map_err(Refusal::bad)?;
-        let packed = pack_key(key);
-        Ok(self
+        let id = self
             .leases
-            .get(&packed)
-            .filter(|e| e.state != LeaseState::PendingAlloc)
-            .map(|e| self.lease_of(&packed, e)))
+            .find(&encode_key(key))
+            .or_else(|| self.recovered_for(key, None));
+        Ok(id
+            .filter(|id| self.leases.get(*id).state != LeaseState::PendingAlloc)
+            .map(|id| self.lease_of(id)))
     }
 
-    /// Every acknowledged lease.
+    /// Every acknowledged lease, by address.
     pub fn list(&self) -> Vec<Lease> {
-        let mut v: Vec<Lease> = self
-            .leases
-            .iter()
-            .filter(|(_, e)| e.state != LeaseState::PendingAlloc)
-            .map(|(k, e)| self.lease_of(k, e))
-            .collect();
-        v.sort_by_key(|l| l.address);
-        v
+        self.leases
+            .after_addr(None)
+            .filter(|(_, id)| self.leases.get(*id).state != LeaseState::PendingAlloc)
+            .map(|(_, id)| self.lease_of(id))
+            .collect()
+    }
+
+    /// Acknowledged leases with an address above `after`, at most `limit` and at most about
+    /// `max_bytes` of JSON; and the address to continue after, if more may follow.
+    pub fn list_page(
+        &self,
+        after: Option<u32>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> (Vec<Lease>, Option<u32>) {
+        let mut out = Vec::with_capacity(limit.min(self.leases.len()));
+        let mut bytes = 0;
+        let mut last = None;
+        for (addr, id) in self.leases.after_addr(after) {
+            let e = self.leases.get(id);
+            if e.state == LeaseState::PendingAlloc {
+                continue;
+            }
+            let size = e.json_size_hint();
+            if out.len() >= limit || (bytes + size > max_bytes && !out.is_empty()) {
+                return (out, last);
+            }
+            bytes += size;
+            out.push(self.lease_of(id));
+            last = Some(addr);
+        }
+        (out, None)
+    }
+
+    /// Visit acknowledged leases by address above `after`, at most `limit` of them (bounded
+    /// work under the lock); returns where to continue, `None` at the end.
+    pub fn scan_leases(
+        &self,
+        after: Option<u32>,
+        limit: usize,
+        mut f: impl FnMut(u32, &LeaseEntry),
+    ) -> Option<u32> {
+        let mut last = None;
+        for (scanned, (addr, id)) in self.leases.after_addr(after).enumerate() {
+            if scanned >= limit {
+                return last;
+            }
+            last = Some(addr);
+            let e = self.leases.get(id);
+            if e.state != LeaseState::PendingAlloc {
+                f(addr, e);
+            }
+        }
+        None
     }
 
     pub fn lease_count(&self) -> usize {
         self.leases.len()
     }
 
+    /// Names of the configured pools (only the metadata ones with `metadata_only`).
+    pub fn pool_names(&self, metadata_only: bool) -> Vec<String> {
+        self.pools
+            .iter()
+            .filter(|p| !metadata_only || p.dynamic())
+            .map(|p| p.spec.name.clone())
+            .collect()
+    }
+
+    pub fn cooldown_ms(&self) -> u64 {
+        ms(self.cooldown)
+    }
+
+    /// Whether any lease was rebuilt by `recover` (key unknown).
+    pub fn has_recovered(&self) -> bool {
+        !self.recovered.is_empty()
+    }
+
     pub fn orphan_count(&self) -> usize {
         self.orphans
+    }
+
+    pub fn veth_prefix(&self) -> &str {
+        &self.veth_prefix
+    }
+
+    /// Links waiting to be deleted.
+    pub fn pending_teardowns(&self) -> Vec<Box<str>> {
+        self.teardowns.keys().cloned().collect()
     }
 
     pub fn stats(&mut self, now_ms: u64) -> Vec<PoolStats> {
@@ -743,10 +1124,30 @@ impl State {
             .map(|p| PoolStats {
                 name: p.spec.name.clone(),
                 source: p.spec.source.to_string(),
-                total: p.spec.size,
+                total: p.size(),
                 allocated: p.leased as u64,
                 cooling: p.cooling_count() as u64,
                 free: p.free.free_count() as u64,
+                pending_teardown: p.held as u64,
+                missing: p.missing as u64,
+                metadata: p.metadata.clone(),
+            })
+            .collect()
+    }
+
+    /// Disjoint per-state counts of every pool (metrics).
+    pub fn counts(&mut self, now_ms: u64) -> Vec<PoolCounts> {
+        self.expire(now_ms);
+        self.pools
+            .iter()
+            .map(|p| PoolCounts {
+                name: p.spec.name.clone(),
+                size: p.size(),
+                allocated: (p.leased - p.missing) as u64,
+                cooling: p.cooling.len() as u64,
+                pending_teardown: p.held as u64,
+                free: p.free.free_count() as u64,
+                missing: p.missing as u64,
             })
             .collect()
     }
@@ -765,7 +1166,9 @@ impl State {
             .sum();
         let soon = eligible.iter().any(|&p| {
             let pl = &self.pools[p];
-            pl.held > 0 || (self.policy == OnOnlyCooling::ReuseOldest && !pl.cooling.is_empty())
+            pl.held > 0
+                || (self.policy == OnOnlyCooling::ReuseOldest
+                    && pl.cooling.iter().any(|(i, _)| pl.is_present(*i)))
         });
         if free > 0 || soon {
             Ok((true, free, None))
@@ -774,21 +1177,136 @@ impl State {
         }
     }
 
+    /// Index of the pool named `name` if it is a metadata pool.
+    pub fn metadata_pool(&self, name: &str) -> Option<usize> {
+        self.pools
+            .iter()
+            .position(|p| p.dynamic() && p.spec.name == name)
+    }
+
+    /// Record the outcome of a metadata attempt (for Stats).
+    pub fn set_metadata_status(&mut self, pool: usize, f: impl FnOnce(&mut MetadataStatus)) {
+        if let Some(m) = self.pools.get_mut(pool).and_then(|p| p.metadata.as_mut()) {
+            f(m);
+        }
+    }
+
+    /// Apply a complete, successful metadata read of pool `p`: `addrs` are the secondary
+    /// addresses it lists (primaries already removed). Addresses inside a static pool, held
+    /// by another metadata pool or excluded by the pool's config are refused.
+    pub fn apply_metadata(&mut self, p: usize, addrs: &[Ipv4Addr], now_ms: u64) -> MetadataChange {
+        self.expire(now_ms);
+        let mut change = MetadataChange::default();
+        let mut listed: HashSet<u32> = HashSet::with_capacity(addrs.len());
+        for ip in addrs {
+            let a = u32::from(*ip);
+            if !listed.insert(a) {
+                continue;
+            }
+            if self.pools[p].spec.is_excluded(a) {
+                listed.remove(&a);
+                continue;
+            }
+            let slot = match self.locate(a) {
+                Some((q, idx)) if q == p => Some(idx),
+                Some((q, _)) => {
+                    change.refused.push((
+                        *ip,
+                        format!("already in pool '{}'", self.pools[q].spec.name),
+                    ));
+                    None
+                }
+                None => match self.dyn_slot(p, a) {
+                    Some((_, idx)) => {
+                        self.place_new(p, idx, a);
+                        Some(idx)
+                    }
+                    None => {
+                        change.refused.push((
+                            *ip,
+                            format!("the pool tracks {MAX_METADATA_ADDRESSES} addresses at most"),
+                        ));
+                        None
+                    }
+                },
+            };
+            let Some(idx) = slot else {
+                listed.remove(&a);
+                continue;
+            };
+            let pool = &mut self.pools[p];
+            if !pool.present[idx as usize] {
+                pool.present[idx as usize] = true;
+                pool.present_count += 1;
+                match pool.slots[idx as usize] {
+                    Slot::Free => {
+                        pool.free.set_free(idx as usize);
+                        change.added.push(*ip);
+                    }
+                    Slot::Leased => pool.missing -= 1,
+                    Slot::Cooling | Slot::Held => {}
+                }
+            }
+        }
+        for idx in 0..self.pools[p].addrs.len() as u32 {
+            let pool = &mut self.pools[p];
+            let a = pool.addrs[idx as usize];
+            if !pool.present[idx as usize] || listed.contains(&a) {
+                continue;
+            }
+            pool.present[idx as usize] = false;
+            pool.present_count -= 1;
+            change.removed.push(Ipv4Addr::from(a));
+            match pool.slots[idx as usize] {
+                Slot::Free => {
+                    pool.free.take(idx as usize);
+                }
+                Slot::Leased => {
+                    pool.missing += 1;
+                    if let Some(id) = self.leases.by_addr(a) {
+                        change.missing.push(self.lease_of(id));
+                    }
+                }
+                Slot::Cooling | Slot::Held => {}
+            }
+        }
+        self.pools[p].synced = true;
+        change
+    }
+
+    /// A metadata pool's new slot `idx` for `a`: leased if an orphaned lease holds the address
+    /// (a lease recorded before the pool knew it), cooling if it was released before a restart.
+    fn place_new(&mut self, p: usize, idx: u32, a: u32) {
+        if let Some(id) = self.leases.by_addr(a) {
+            self.orphans -= 1;
+            self.leases.get_mut(id).pool_name = p as u16;
+            let pool = &mut self.pools[p];
+            pool.slots[idx as usize] = Slot::Leased;
+            pool.leased += 1;
+            // Not present until the caller marks it.
+            pool.missing += 1;
+        } else if let Some(at) = self.unplaced_cooling.remove(&a) {
+            let pool = &mut self.pools[p];
+            pool.slots[idx as usize] = Slot::Cooling;
+            pool.push_cooling(idx, at);
+        }
+    }
+
     /// Encode a snapshot of every acknowledged fact (pending allocations excluded, pending
-    /// releases still live) as generation `generation`.
+    /// releases still live) as generation `generation`. The daemon compacts on disk instead
+    /// ([`crate::store::compact`]); this is for `recover` and tests.
     pub fn snapshot(&self, generation: u64) -> Vec<u8> {
-        let mut w = SnapshotWriter::new(generation, self.leases.len() * 160 + 4096);
-        for (k, e) in &self.leases {
+        let mut w = SnapshotWriter::new(generation, self.leases.len() * 140 + 4096);
+        for (_, e) in self.leases.iter() {
             if e.state == LeaseState::PendingAlloc {
                 continue;
             }
             w.lease(&AllocRec {
-                key: k.clone(),
+                data: e.data.clone(),
+                key_len: e.key_len,
                 addr: e.addr,
                 allocated_at_ms: e.allocated_at_ms,
                 pool: self.pool_name(e).into(),
-                extra: e.extra.clone(),
-                present: e.present,
             });
         }
         for pool in &self.pools {
@@ -800,6 +1318,13 @@ impl State {
                     teardown: self.holds.get(&addr).cloned(),
                 });
             }
+        }
+        for (addr, at) in &self.unplaced_cooling {
+            w.cooling(CoolRec {
+                addr: *addr,
+                released_at_ms: *at,
+                teardown: None,
+            });
         }
         for (addr, link) in &self.holds {
             if let Some((p, idx)) = self.locate(*addr) {
@@ -819,31 +1344,52 @@ impl State {
     /// Internal consistency check (tests and debug builds).
     pub fn check_invariants(&self) {
         let mut leased_per_pool = vec![0usize; self.pools.len()];
-        let mut seen = HashSet::new();
+        let mut missing_per_pool = vec![0usize; self.pools.len()];
         let mut orphans = 0;
-        for e in self.leases.values() {
-            assert!(
-                seen.insert(e.addr),
-                "address {} leased twice",
-                Ipv4Addr::from(e.addr)
-            );
+        let mut n = 0;
+        for (id, e) in self.leases.iter() {
+            n += 1;
+            assert_eq!(self.leases.by_addr(e.addr), Some(id), "address index");
+            assert_eq!(self.leases.find(e.key()), Some(id), "key index");
             match self.locate(e.addr) {
                 Some((p, idx)) => {
                     assert_eq!(self.pools[p].slots[idx as usize], Slot::Leased);
                     leased_per_pool[p] += 1;
+                    if !self.pools[p].is_present(idx) {
+                        missing_per_pool[p] += 1;
+                    }
                 }
                 None => orphans += 1,
             }
         }
+        assert_eq!(n, self.leases.len());
         assert_eq!(orphans, self.orphans);
+        for (veth, id) in &self.recovered {
+            assert!(self.leases.get(*id).host_veth_is(veth));
+        }
         for (p, pool) in self.pools.iter().enumerate() {
             assert_eq!(pool.leased, leased_per_pool[p], "pool {}", pool.spec.name);
+            assert_eq!(pool.missing, missing_per_pool[p], "pool {}", pool.spec.name);
             let count = |s: Slot| pool.slots.iter().filter(|x| **x == s).count();
-            assert_eq!(count(Slot::Free), pool.free.free_count());
             assert_eq!(count(Slot::Cooling), pool.cooling.len());
             assert_eq!(count(Slot::Held), pool.held);
+            let mut free = 0;
             for (i, s) in pool.slots.iter().enumerate() {
-                assert_eq!(*s == Slot::Free, pool.free.is_free(i));
+                let usable = *s == Slot::Free && pool.is_present(i as u32);
+                assert_eq!(
+                    usable,
+                    pool.free.is_free(i),
+                    "slot {i} of {}",
+                    pool.spec.name
+                );
+                free += usize::from(usable);
+            }
+            assert_eq!(free, pool.free.free_count());
+            if pool.dynamic() {
+                assert_eq!(
+                    pool.present.iter().filter(|x| **x).count(),
+                    pool.present_count
+                );
             }
         }
     }
@@ -890,7 +1436,9 @@ mod tests {
 
     fn release(st: &mut State, c: &str, now: u64) -> Option<Ipv4Addr> {
         match st.begin_release(&key(c), None, None, now).unwrap() {
-            ReleaseStep::Fresh { record, address } => {
+            ReleaseStep::Fresh {
+                record, address, ..
+            } => {
                 st.commit(&record);
                 Some(address)
             }
@@ -1085,7 +1633,7 @@ mod tests {
             container_id: "b".into(),
             ifname: "eth0".into(),
         }];
-        let out = st.begin_gc("net", &valid, 5).unwrap();
+        let out = st.begin_gc("net", &valid, 5, &|_| false).unwrap();
         let mut gone: Vec<String> = out
             .iter()
             .map(|(_, l)| l.key.container_id.clone())

@@ -18,10 +18,26 @@ pub enum Removed {
 }
 
 pub type RemoveFuture<'a> = Pin<Box<dyn Future<Output = Result<Removed, String>> + Send + 'a>>;
+pub type ListFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<LinkInfo>, String>> + Send + 'a>>;
 
-/// Deletes host links. The daemon uses [`NetlinkRemover`]; tests can record instead.
+/// A network interface of the daemon's namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub name: String,
+    /// `IFLA_INFO_KIND` ("veth", ...), when the kernel reports one.
+    pub kind: Option<String>,
+}
+
+/// Deletes and lists host links. The daemon uses [`NetlinkRemover`]; tests can record
+/// instead.
 pub trait LinkRemover: Send + Sync + 'static {
     fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a>;
+
+    /// Every link (for the reconcile). Without an implementation the reconcile is off and
+    /// GC leaves recovered leases to it.
+    fn list(&self) -> ListFuture<'_> {
+        Box::pin(async { Err("this link remover cannot list links".to_owned()) })
+    }
 }
 
 /// Deletes links through rtnetlink in the netns the connection was opened in.
@@ -50,6 +66,10 @@ fn errno(e: &rtnetlink::Error) -> Option<i32> {
 }
 
 impl LinkRemover for NetlinkRemover {
+    fn list(&self) -> ListFuture<'_> {
+        Box::pin(list_links(&self.handle))
+    }
+
     fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a> {
         Box::pin(async move {
             // RTM_DELLINK by name: one round trip, no index lookup race.
@@ -62,6 +82,34 @@ impl LinkRemover for NetlinkRemover {
             }
         })
     }
+}
+
+/// Every link of the connection's namespace, with its kind.
+pub async fn list_links(handle: &rtnetlink::Handle) -> Result<Vec<LinkInfo>, String> {
+    use netlink_packet_route::link::LinkInfo as NlInfo;
+    let mut s = handle.link().get().execute();
+    let mut out = Vec::new();
+    while let Some(msg) = s.try_next().await.map_err(|e| e.to_string())? {
+        let mut name = None;
+        let mut kind = None;
+        for a in msg.attributes {
+            match a {
+                LinkAttribute::IfName(n) => name = Some(n),
+                LinkAttribute::LinkInfo(infos) => {
+                    for i in infos {
+                        if let NlInfo::Kind(k) = i {
+                            kind = Some(k.to_string());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(name) = name {
+            out.push(LinkInfo { name, kind });
+        }
+    }
+    Ok(out)
 }
 
 /// Whether a link named `name` exists (used by tests and reconcile).

@@ -196,7 +196,7 @@ async fn a_client_gone_before_its_reply_leaks_nothing() {
     // up cooling, none allocated. (Stats, unlike List, also counts allocations in flight.)
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let Response::Stats { pools } = call(&socket, Request::Stats).await.unwrap() else {
+        let Response::Stats { pools, .. } = call(&socket, Request::Stats).await.unwrap() else {
             panic!()
         };
         if (pools[0].allocated, pools[0].cooling) == (0, 20) {
@@ -385,7 +385,7 @@ async fn status_and_stats_report_exhaustion_and_cooling() {
         other => panic!("{other:?}"),
     }
     match call(&socket, Request::Stats).await.unwrap() {
-        Response::Stats { pools } => {
+        Response::Stats { pools, .. } => {
             assert_eq!(pools.len(), 1);
             let p = &pools[0];
             assert_eq!(
@@ -430,4 +430,148 @@ async fn socket_is_private_and_a_stale_one_is_replaced() {
         .expect("second daemon refused");
     assert!(err.to_string().contains("in use"), "{err}");
     d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_cover_every_lease_once_under_the_frame_limit() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/20\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    // 2,624 leases with the largest fields accepted: ~4.5 KiB of JSON each, ~12 MiB in all,
+    // more than one 8 MiB frame holds.
+    let big = "n".repeat(1024);
+    let threads: Vec<_> = (0..32)
+        .map(|t| {
+            let (socket, big) = (socket.clone(), big.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket, Duration::from_secs(30)).unwrap();
+                for i in 0..82 {
+                    let n = t * 100 + i;
+                    let req = Request::Allocate {
+                        key: aliasnet_ipam_proto::AttachmentKey::new(
+                            "net",
+                            &format!("{n:04}{}", "c".repeat(1000)),
+                            "eth0",
+                        ),
+                        pod: aliasnet_ipam_proto::PodRef {
+                            namespace: Some(big.clone()),
+                            name: Some(big.clone()),
+                            uid: Some(big.clone()),
+                        },
+                        pool: None,
+                        host_veth: None,
+                    };
+                    assert!(matches!(c.call(&req), Ok(Response::Allocated { .. })));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let total = match call(&socket, Request::Stats).await.unwrap() {
+        Response::Stats { pools, .. } => pools[0].allocated as usize,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(total, 32 * 82);
+    // The unpaged List cannot answer this; it says so instead of failing the connection.
+    match call(&socket, Request::List).await {
+        Err(ClientError::Refused { kind, message }) => {
+            assert_eq!(kind, ErrorKind::Internal);
+            assert!(message.contains("frame limit"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let socket2 = socket.clone();
+    let pages = tokio::task::spawn_blocking(move || {
+        let mut c = Client::connect(&socket2, Duration::from_secs(30)).unwrap();
+        let mut pages = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, next) = c.list_page(after, Some(10_000)).unwrap();
+            pages.push(page);
+            match next {
+                Some(n) => after = Some(n),
+                None => return pages,
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(pages.len() >= 2, "the byte budget splits the pages");
+    let all: Vec<_> = pages.concat();
+    assert_eq!(all.len(), total);
+    assert!(
+        all.windows(2).all(|w| w[0].address < w[1].address),
+        "sorted, no repeats"
+    );
+    // A small limit, and bad limits.
+    let socket3 = socket.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut c = Client::connect(&socket3, Duration::from_secs(30)).unwrap();
+        let (page, next) = c.list_page(None, Some(7)).unwrap();
+        assert_eq!(page.len(), 7);
+        assert_eq!(next, Some(page[6].address));
+        assert_eq!(c.list_all().unwrap().len(), total);
+        for bad in [0, 10_001] {
+            assert!(matches!(
+                c.list_page(None, Some(bad)),
+                Err(ClientError::Refused {
+                    kind: ErrorKind::BadRequest,
+                    ..
+                })
+            ));
+        }
+    })
+    .await
+    .unwrap();
+    d.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooldown_survives_restarts_and_compaction() {
+    let env = Env::new("cooldown = \"130s\"", "cidrs = [\"10.240.0.0/30\"]");
+    let socket = env.socket();
+    let d = env.start(Arc::new(Recorder::default())).await;
+    for c in ["a", "b", "c", "d"] {
+        allocate(&socket, c).await;
+    }
+    call(
+        &socket,
+        Request::Release {
+            key: key("a"),
+            teardown_link: None,
+        },
+    )
+    .await
+    .unwrap();
+    d.shutdown().await;
+    for round in 0..2 {
+        if round == 1 {
+            // A compaction in between (merge on disk) keeps the cooling entry too.
+            let (mut store, _) = aliasnet_ipam::store::Store::open(env.state_dir()).unwrap();
+            let g = store.rotate().unwrap();
+            let len = store
+                .compaction(g, aliasnet_ipam::service::now_ms(), 130_000)
+                .run()
+                .unwrap();
+            store.snapshot_done(g, len);
+        }
+        let d = env.start(Arc::new(Recorder::default())).await;
+        let Response::Stats { pools, .. } = call(&socket, Request::Stats).await.unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (pools[0].allocated, pools[0].cooling, pools[0].free),
+            (3, 1, 0)
+        );
+        match call(&socket, alloc_req("e", None)).await {
+            Err(ClientError::Refused { kind, message }) => {
+                assert_eq!(kind, ErrorKind::OnlyCooling);
+                assert!(message.contains("1 cooling"), "{message}");
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+        d.shutdown().await;
+    }
 }

@@ -12,7 +12,6 @@ use std::{
 use aliasnet_ipam::{
     daemon::Daemon,
     service::now_ms,
-    state::State,
     store::{self, log_name, record, Store, SNAPSHOT_FILE},
 };
 use common::*;
@@ -45,28 +44,49 @@ async fn start_err(env: &Env) -> String {
     }
 }
 
+/// Where the records of a (pre-allocated) log end.
+fn records_end(bytes: &[u8]) -> usize {
+    let mut off = record::HEADER_LEN;
+    while let record::Frame::Ok(_, n) = record::read_frame(&bytes[off..]) {
+        off += n;
+    }
+    off
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_torn_record_at_the_end_is_truncated() {
+async fn a_torn_record_at_the_end_is_zeroed() {
     let (env, leases) = env_with_leases(3).await;
     let log = newest_log(env.state_dir());
-    let good_len = fs::metadata(&log).unwrap().len();
+    let good = fs::read(&log).unwrap();
+    let end = records_end(&good);
+    assert!(good.len() > end + 4096, "the log is pre-allocated");
+    assert!(good[end..].iter().all(|b| *b == 0));
 
-    // Half of a record: the write a crash cut short.
+    // Half of a record: the write a crash cut short, inside the pre-allocated zeros.
     let mut rec = Vec::new();
     record::encode(
         &mut rec,
-        &store::release_record("net\0c0\0eth0".into(), 0x0af0_0000, 1, None),
+        &store::release_record(
+            aliasnet_ipam::lease::encode_key(&key("c0")).into(),
+            0x0af0_0000,
+            1,
+            None,
+        ),
     );
-    let mut f = OpenOptions::new().append(true).open(&log).unwrap();
-    f.write_all(&rec[..rec.len() / 2]).unwrap();
-    drop(f);
+    let mut torn = good.clone();
+    torn[end..end + rec.len() / 2].copy_from_slice(&rec[..rec.len() / 2]);
+    fs::write(&log, &torn).unwrap();
     let d = env.start(Arc::new(Recorder::default())).await;
     assert_eq!(
         list(&env.socket()).await,
         leases,
         "the torn release was applied"
     );
-    assert_eq!(fs::metadata(&log).unwrap().len(), good_len);
+    assert_eq!(
+        fs::read(&log).unwrap(),
+        good,
+        "the torn bytes are zeroed again"
+    );
     // Appending after the truncation works and survives another restart.
     allocate(&env.socket(), "after").await;
     d.shutdown().await;
@@ -79,6 +99,21 @@ async fn a_torn_record_at_the_end_is_truncated() {
     let d = env.start(Arc::new(Recorder::default())).await;
     assert_eq!(list(&env.socket()).await.len(), 4);
     d.shutdown().await;
+
+    // Garbage after the zero tail of the newest log, with no valid record in it: a torn
+    // extension; zeroed like any torn write.
+    let mut f = OpenOptions::new().append(true).open(&log).unwrap();
+    f.write_all(&[0xab; 100]).unwrap();
+    drop(f);
+    let d = env.start(Arc::new(Recorder::default())).await;
+    assert_eq!(list(&env.socket()).await.len(), 4);
+    d.shutdown().await;
+    assert!(fs::read(&log)
+        .unwrap()
+        .iter()
+        .rev()
+        .take(100)
+        .all(|b| *b == 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,14 +145,12 @@ async fn corruption_inside_the_log_refuses_to_start() {
     assert!(e.contains("bad magic"), "{e}");
 }
 
-/// Write a snapshot the way the daemon's compaction does.
+/// Write a snapshot the way the daemon's compaction does (merge on disk).
 fn compact(env: &Env) {
-    let (mut store, loaded) = Store::open(env.state_dir()).unwrap();
-    let (state, _) = State::from_loaded(&env.config, loaded, now_ms());
+    let (mut store, _) = Store::open(env.state_dir()).unwrap();
     let g = store.rotate().unwrap();
-    let bytes = state.snapshot(g);
-    store::write_snapshot(env.state_dir(), &bytes).unwrap();
-    store.snapshot_done(g, bytes.len() as u64);
+    let len = store.compaction(g, now_ms(), 130_000).run().unwrap();
+    store.snapshot_done(g, len);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

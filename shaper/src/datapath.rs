@@ -5,17 +5,19 @@
 //!
 //! ```text
 //! maps/<map>                       every map of datapath.bpf.o (see aliasnet_ebpf::maps)
+//! maps/an_pod_keys                 attachment key -> slot index (userspace only, see index.rs)
 //! progs/<program>                  every program (see aliasnet_ebpf::programs)
-//! pods/<slot>/host_ingress         TCX link on the pod's host veth, ingress
-//! pods/<slot>/host_egress          TCX link on the pod's host veth, egress
-//! pods/<slot>/pod_egress           TCX link on the pod's eth0 (in the pod netns), egress
 //! node/uplink                      TCX link on the uplink, egress (only with a node cap)
+//! pods/<slot>/<hook>               TCX links of pods attached by earlier builds (read only:
+//!                                  upgraded like the uplink, removed when the pod goes)
 //! ```
 //!
-//! The links hold the programs, the programs hold the maps: nothing depends on a running
-//! process, so pods keep being classified, counted and shaped while shaperd is down or
-//! restarting. All mutations take an exclusive `flock` on the root directory, which
-//! serialises concurrent CNI invocations and shaperd.
+//! Per-pod programs are cls_bpf filters in a clsact qdisc on the pod's devices (see
+//! `crate::clsact` for why not TCX): the device holds the filter, the filter the program, the
+//! program the maps, so nothing per pod is pinned and nothing depends on a running process.
+//! Pods keep being classified, counted and shaped while shaperd is down or restarting. All
+//! mutations take an exclusive `flock` on the root directory, which serialises concurrent CNI
+//! invocations and shaperd.
 
 use std::{
     fs::File,
@@ -40,8 +42,12 @@ use aya::{
 use tracing::{info, warn};
 
 use crate::{
+    clsact::{self, FilterMode, Hook},
     error::ShaperError,
+    index::{self, Index},
     limits::{fmt_rate, Shape},
+    netns::{self, NetnsError},
+    pods::pod_egress_classes,
     policy::Policy,
     tc::{handle, HtbClass, Rtnl},
 };
@@ -69,7 +75,7 @@ struct MapSpec {
 }
 
 /// What every pinned map must look like for this build; checked before reuse.
-const SPECS: [MapSpec; 8] = [
+const SPECS: [MapSpec; 9] = [
     MapSpec {
         name: maps::PREFIXES,
         kind: MapType::LpmTrie,
@@ -126,6 +132,14 @@ const SPECS: [MapSpec; 8] = [
         value: 8,
         max_entries: abi::MAX_NAMESPACES,
     },
+    // ECN marking state; the programs own it, userspace only reads it.
+    MapSpec {
+        name: maps::VQUEUE,
+        kind: MapType::Array,
+        key: 4,
+        value: 32,
+        max_entries: abi::VQ_ENTRIES,
+    },
 ];
 
 /// Pin paths under a root.
@@ -144,7 +158,8 @@ impl PinPaths {
     pub fn prog(&self, name: &str) -> PathBuf {
         self.root.join("progs").join(name)
     }
-    pub fn pod_dir(&self, slot: u32) -> PathBuf {
+    /// Where builds before the cls_bpf switch pinned a pod's TCX links.
+    pub fn legacy_pod_dir(&self, slot: u32) -> PathBuf {
         self.root.join("pods").join(slot.to_string())
     }
     pub fn uplink_link(&self) -> PathBuf {
@@ -158,7 +173,7 @@ pub(crate) struct Lock {
 }
 
 impl Lock {
-    fn exclusive(root: &Path) -> Result<Self, ShaperError> {
+    pub(crate) fn exclusive(root: &Path) -> Result<Self, ShaperError> {
         let dir = File::open(root).map_err(|e| ShaperError::io("open", root, e))?;
         loop {
             // SAFETY: flock on a valid, owned file descriptor.
@@ -260,9 +275,9 @@ pub struct InstallReport {
     pub created_maps: Vec<String>,
     /// Programs pinned for the first time.
     pub pinned_programs: Vec<String>,
-    /// Programs whose code changed: pin replaced and every link switched atomically.
+    /// Programs whose code changed: pin replaced and every attachment switched atomically.
     pub upgraded_programs: Vec<String>,
-    /// Links switched to upgraded programs.
+    /// Attachments (pods' cls_bpf filters, TCX links) switched to upgraded programs.
     pub relinked: usize,
 }
 
@@ -291,6 +306,8 @@ pub struct Datapath {
     pub(crate) node_counters: PerCpuArray<MapData, abi::NodeCounters>,
     pub(crate) meta: Array<MapData, abi::PodMeta>,
     pub(crate) ns_rates: HashMap<MapData, abi::NsKey, abi::NsRate>,
+    /// Attachment key -> slot.
+    pub(crate) index: Index,
 }
 
 fn typed<T>(name: &str, map: Map) -> Result<T, ShaperError>
@@ -303,12 +320,13 @@ where
 impl Datapath {
     /// Loads `datapath.bpf.o`, reusing every pinned map (and so its contents and counters)
     /// and pinning what is missing. A pinned program with the same code is kept; one with
-    /// different code (an upgrade) is replaced, and every link using it is switched to the
-    /// new program with `BPF_LINK_UPDATE`, so traffic never runs without a program.
+    /// different code (an upgrade) is replaced, and every attachment using it is switched to
+    /// the new program first (pods' cls_bpf filters replaced in place, TCX links with
+    /// `BPF_LINK_UPDATE`), so traffic never runs without a program.
     pub fn install(root: impl Into<PathBuf>) -> Result<(Self, InstallReport), ShaperError> {
         let pins = PinPaths::new(root);
         ensure_bpffs(&pins.root)?;
-        for sub in ["maps", "progs", "pods", "node"] {
+        for sub in ["maps", "progs", "node"] {
             let dir = pins.root.join(sub);
             std::fs::create_dir_all(&dir).map_err(|e| ShaperError::io("create", dir, e))?;
         }
@@ -350,6 +368,8 @@ impl Datapath {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(DATAPATH_OBJECT).map_err(ShaperError::Load)?;
+        // Attached pods, read once if an upgrade needs them.
+        let mut live: Option<Vec<(u32, abi::PodMeta)>> = None;
 
         {
             let map = ebpf
@@ -397,6 +417,11 @@ impl Datapath {
                 Some(old) if old.tag() == new.tag() => {}
                 Some(old) => {
                     report.relinked += relink(&pins, name, old.id(), prog)?;
+                    let pods = match &mut live {
+                        Some(p) => p,
+                        None => live.insert(live_pods(&pins)?),
+                    };
+                    report.relinked += refilter(name, prog, pods)?;
                     std::fs::remove_file(&path).map_err(|e| ShaperError::io("unpin", &path, e))?;
                     prog.pin(&path).map_err(|source| ShaperError::Pin {
                         path: path.clone(),
@@ -408,7 +433,16 @@ impl Datapath {
         }
         drop(ebpf);
         drop(_lock);
-        Ok((Self::open(pins.root)?, report))
+        let mut dp = Self::open(pins.root)?;
+        // Repairs what an interrupted CNI call may have left in the index.
+        let _lock = dp.lock()?;
+        let live = dp.scan()?;
+        let fixed = index::reconcile(&mut dp.index, &live)?;
+        if fixed > 0 {
+            info!(fixed, "attachment-key index repaired");
+        }
+        drop(_lock);
+        Ok((dp, report))
     }
 
     /// Opens the pinned maps a running (or previously run) shaperd installed. This is what the
@@ -427,15 +461,25 @@ impl Datapath {
         }
         let mut it = data.into_iter();
         let mut next = || it.next().expect("one MapData per spec");
+        let prefixes = typed(maps::PREFIXES, Map::LpmTrie(next()))?;
+        let config = typed(maps::CONFIG, Map::Array(next()))?;
+        let pods = typed(maps::PODS, Map::HashMap(next()))?;
+        let pod_ips = typed(maps::POD_IPS, Map::HashMap(next()))?;
+        let counters = typed(maps::COUNTERS, Map::PerCpuArray(next()))?;
+        let node_counters = typed(maps::NODE_COUNTERS, Map::PerCpuArray(next()))?;
+        let meta = typed(maps::POD_META, Map::Array(next()))?;
+        let ns_rates = typed(maps::NS_RATES, Map::HashMap(next()))?;
+        let index = index::open_or_create(&pins, &meta)?;
         let dp = Self {
-            prefixes: typed(maps::PREFIXES, Map::LpmTrie(next()))?,
-            config: typed(maps::CONFIG, Map::Array(next()))?,
-            pods: typed(maps::PODS, Map::HashMap(next()))?,
-            pod_ips: typed(maps::POD_IPS, Map::HashMap(next()))?,
-            counters: typed(maps::COUNTERS, Map::PerCpuArray(next()))?,
-            node_counters: typed(maps::NODE_COUNTERS, Map::PerCpuArray(next()))?,
-            meta: typed(maps::POD_META, Map::Array(next()))?,
-            ns_rates: typed(maps::NS_RATES, Map::HashMap(next()))?,
+            prefixes,
+            config,
+            pods,
+            pod_ips,
+            counters,
+            node_counters,
+            meta,
+            ns_rates,
+            index,
             pins,
         };
         let cfg = dp.config()?;
@@ -677,7 +721,9 @@ impl Datapath {
 
 /// Attaches the pinned program `prog` to `ifname` (in the calling thread's netns) with TCX,
 /// first in the chain so that blocked traffic is dropped before other programs act on it,
-/// and pins the link at `link_path`.
+/// and pins the link at `link_path`. Only for the node's uplink: a TCX attach waits for an
+/// RCU grace period under RTNL (~11 ms), fine once per node, too slow per pod (see
+/// `crate::clsact`).
 pub(crate) fn attach_pinned(
     pins: &PinPaths,
     prog_name: &str,
@@ -733,8 +779,8 @@ fn link_pins(pins: &PinPaths) -> Vec<PathBuf> {
     out
 }
 
-/// Switches every pinned link of program `name` still running `old_id` to `prog`
-/// (BPF_LINK_UPDATE: atomic, the hook never runs without a program).
+/// Switches every pinned TCX link of program `name` still running `old_id` to `prog`
+/// (BPF_LINK_UPDATE: atomic, the hook never runs without a program, and no RCU wait).
 fn relink(
     pins: &PinPaths,
     name: &str,
@@ -769,6 +815,108 @@ fn relink(
         // Closing our fd leaves the (pinned) link attached to the new program.
         drop(prog.take_link(id));
         n += 1;
+    }
+    Ok(n)
+}
+
+/// Every attached pod as `(slot, meta)`, from the pinned metadata map.
+fn live_pods(pins: &PinPaths) -> Result<Vec<(u32, abi::PodMeta)>, ShaperError> {
+    let data = MapData::from_pin(pins.map(maps::POD_META))
+        .map_err(|e| ShaperError::map(maps::POD_META, e))?;
+    let meta: Array<MapData, abi::PodMeta> = typed(maps::POD_META, Map::Array(data))?;
+    scan_meta(&meta)
+}
+
+pub(crate) fn scan_meta(
+    meta: &Array<MapData, abi::PodMeta>,
+) -> Result<Vec<(u32, abi::PodMeta)>, ShaperError> {
+    let mut out = Vec::new();
+    for slot in 0..abi::MAX_PODS {
+        let m = meta
+            .get(&slot, 0)
+            .map_err(|e| ShaperError::map(maps::POD_META, e))?;
+        if m.flags & abi::META_IN_USE != 0 {
+            out.push((slot, m));
+        }
+    }
+    Ok(out)
+}
+
+/// Switches the cls_bpf filters of program `name` on every attached pod to `prog`, in place
+/// (same priority and handle: cls_bpf swaps the program atomically, no RCU wait). Pods whose
+/// device or netns is gone are skipped, as are pods without our filter (attached by an
+/// earlier build with TCX links: `relink` switches those).
+fn refilter(
+    name: &str,
+    prog: &SchedClassifier,
+    pods: &[(u32, abi::PodMeta)],
+) -> Result<usize, ShaperError> {
+    use std::os::fd::AsFd;
+
+    let fd = prog
+        .fd()
+        .map_err(|e| ShaperError::program(name, e))?
+        .as_fd();
+    let replaced = |r: Result<(), crate::tc::TcError>| match r {
+        Ok(()) => Ok(true),
+        Err(e) if clsact::is_absent(&e) => Ok(false),
+        Err(e) => Err(ShaperError::from(e)),
+    };
+    let mut n = 0;
+    match name {
+        programs::HOST_INGRESS | programs::HOST_EGRESS => {
+            let hook = if name == programs::HOST_INGRESS {
+                Hook::Ingress
+            } else {
+                Hook::Egress
+            };
+            let mut rt = Rtnl::new()?;
+            for (_, m) in pods {
+                let host = abi::cstr(&m.host_ifname);
+                if nix::net::if_::if_nametoindex(host.as_str()) != Ok(m.host_ifindex) {
+                    continue;
+                }
+                let r = rt.set_bpf_filter(m.host_ifindex, hook, fd, name, FilterMode::ReplaceOnly);
+                if replaced(r)? {
+                    n += 1;
+                }
+            }
+        }
+        programs::POD_EGRESS => {
+            for (slot, m) in pods {
+                if m.pod_ifindex == 0 || pod_egress_classes(m).is_none() {
+                    continue;
+                }
+                let ns = PathBuf::from(abi::cstr(&m.netns));
+                let ifname = abi::cstr(&m.ifname);
+                let res = netns::run_in(&ns, || {
+                    let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname.as_str()) else {
+                        return Ok(false);
+                    };
+                    let r = Rtnl::new()?.set_bpf_filter(
+                        ifindex,
+                        Hook::Egress,
+                        fd,
+                        name,
+                        FilterMode::ReplaceOnly,
+                    );
+                    replaced(r)
+                });
+                match res {
+                    Ok(r) => {
+                        if r? {
+                            n += 1;
+                        }
+                    }
+                    // The pod is going away with its netns.
+                    Err(NetnsError::Open { .. }) => {
+                        info!(slot, netns = %ns.display(), "pod netns gone; not upgraded");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        _ => {}
     }
     Ok(n)
 }

@@ -4,7 +4,9 @@
 //! The CNI plugin, in the node's network namespace with bpffs visible:
 //!
 //! ```no_run
-//! use aliasnet_shaper::{Datapath, Limits, PodAttachment, PodIdentity, DEFAULT_PIN_ROOT};
+//! use aliasnet_shaper::{
+//!     Datapath, Limits, PodAttachment, PodIdentity, Teardown, DEFAULT_PIN_ROOT,
+//! };
 //! # fn main() -> Result<(), aliasnet_shaper::ShaperError> {
 //! let mut dp = Datapath::open(DEFAULT_PIN_ROOT)?; // fails with NotInitialised before shaperd ran once
 //! dp.attach_pod(&PodAttachment {
@@ -19,14 +21,22 @@
 //!     },
 //!     limits: Limits::default(),
 //! })?;
-//! // ... on DEL:
-//! dp.detach_pod("1234abcd", "eth0")?;
+//! // ... on DEL, when the host veth is deleted right after (the pod's filters and qdiscs go
+//! // with it; `detach_pod` removes them too, for a veth that stays):
+//! dp.detach_pod_with("1234abcd", "eth0", Teardown::MapsOnly)?;
 //! # Ok(()) }
 //! ```
+//!
+//! Per-pod programs are cls_bpf filters (clsact), not TCX links: a TCX attach waits for an
+//! RCU grace period under RTNL (~11 ms per link here); see [`clsact`].
 
+pub mod clsact;
 mod datapath;
 mod error;
+mod index;
 pub mod limits;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod netns;
 mod pods;
 pub mod policy;
@@ -38,5 +48,7 @@ pub use datapath::{
 };
 pub use error::{MultiError, ShaperError};
 pub use limits::{CniBandwidth, LimitError, Limits, Shape};
-pub use pods::{AttachedPod, PodAttachment, PodIdentity, PodRecord, ShapingStats};
+pub use pods::{
+    AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord, ShapingStats, Teardown,
+};
 pub use policy::{Cidr, Policy, PolicyError, DEFAULT_POLICY_PATH};

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use aliasnet_ebpf::abi;
+
 /// Lowest accepted rate: 1 kbit/s.
 pub const MIN_RATE: u64 = 1_000;
 /// Highest accepted rate: 1 Pbit/s.
@@ -263,43 +265,45 @@ pub struct Shape {
 }
 
 /// One full-size Ethernet frame.
-const MTU_FRAME: u64 = 1514;
-/// Burst when none is given: 10 ms of the rate, at least 4 full frames.
-const DEFAULT_BURST_MS: u64 = 10;
+const MTU_FRAME: u64 = abi::FRAME_BYTES;
+
 /// Forwarded-traffic leaf queue: this many ms of the rate, at least 3 full frames.
-pub const QUEUE_MS: u64 = 10;
-/// Local-sender leaf FIFO: packets (GSO skbs) below 50 Mbit/s, and above.
-const LOCAL_QUEUE_SLOW: u64 = 2;
-const LOCAL_QUEUE_FAST: u64 = 3;
-/// Above that, about 2 ms of 64 KiB skbs, so fast classes keep enough in flight.
-const LOCAL_QUEUE_MS: u64 = 2;
+pub const QUEUE_MS: u64 = abi::LEAF_QUEUE_NS / 1_000_000;
+/// Local-sender leaf FIFO, in packets: the forwarded leaf's time in full frames, within
+/// these bounds. The programs keep TCP's share of it short (`an_pod_egress` drops local TCP
+/// data above the marking threshold); the rest is room for other packets, which a FIFO of
+/// a few packets full of 64 KiB GSO skbs would drop.
+const LOCAL_QUEUE_MIN: u64 = 16;
+const LOCAL_QUEUE_MAX: u64 = 100_000;
+
+/// `ns` worth of bytes at `bytes_per_sec`, at least `frames` full frames: the sizes the
+/// programs' queue model assumes (see `an_vqueue` in the ABI header).
+fn at_least(bytes_per_sec: u64, ns: u64, frames: u64) -> u64 {
+    let b = u128::from(bytes_per_sec) * u128::from(ns) / 1_000_000_000;
+    (b.min(u128::from(u64::MAX)) as u64).max(frames * MTU_FRAME)
+}
 
 impl Shape {
     /// `burst_bits` as given by the runtime: `None`, `0` and [`UNSET_BURST`] mean unset. A set
     /// burst is kept within [4 frames, 1 s of the rate] so that no value can defeat the limit.
     pub fn new(rate: u64, burst_bits: Option<u64>) -> Self {
         let bytes_per_sec = (rate / 8).max(1);
-        let floor = 4 * MTU_FRAME;
+        let floor = abi::DEFAULT_BURST_FRAMES * MTU_FRAME;
         let ceiling = bytes_per_sec.max(floor);
         let burst_bytes = match burst_bits {
             None | Some(0) | Some(UNSET_BURST) => {
-                (bytes_per_sec * DEFAULT_BURST_MS / 1000).clamp(floor, ceiling)
+                at_least(bytes_per_sec, abi::DEFAULT_BURST_NS, 0).clamp(floor, ceiling)
             }
             Some(b) => (b / 8).clamp(floor, ceiling),
         };
-        let base = if rate < 50_000_000 {
-            LOCAL_QUEUE_SLOW
-        } else {
-            LOCAL_QUEUE_FAST
-        };
-        let queue_packets =
-            (bytes_per_sec * LOCAL_QUEUE_MS / 1000 / 65_536).clamp(base, 10_000) as u32;
+        let queue_packets = (at_least(bytes_per_sec, abi::LEAF_QUEUE_NS, 0) / MTU_FRAME)
+            .clamp(LOCAL_QUEUE_MIN, LOCAL_QUEUE_MAX) as u32;
         Self {
             rate,
             burst_bytes,
             queue_packets,
-            queue_bytes: (bytes_per_sec * QUEUE_MS / 1000).max(3 * MTU_FRAME),
-            leaf_burst_bytes: (bytes_per_sec / 1000).max(2 * MTU_FRAME),
+            queue_bytes: at_least(bytes_per_sec, abi::LEAF_QUEUE_NS, abi::LEAF_QUEUE_FRAMES),
+            leaf_burst_bytes: at_least(bytes_per_sec, abi::LEAF_BURST_NS, abi::LEAF_BURST_FRAMES),
         }
     }
 }
@@ -409,14 +413,35 @@ mod tests {
         // A tiny one is raised to a few frames.
         assert_eq!(Shape::new(rate, Some(8)).burst_bytes, 4 * 1514);
         assert_eq!(Shape::new(rate, Some(800_000)).burst_bytes, 100_000);
-        assert_eq!(unset.queue_bytes, 12_500);
-        assert_eq!(unset.leaf_burst_bytes, 2 * 1514);
-        assert_eq!(unset.queue_packets, 2);
+    }
+
+    #[test]
+    fn leaf_sizes_are_the_programs_model() {
+        // 10 Mbit/s: 25 ms queue, a 2-frame bucket (1 ms would be below a frame), and a
+        // pod-side FIFO of 25 ms of full frames.
+        let ten = Shape::new(10_000_000, None);
+        assert_eq!(ten.queue_bytes, 31_250);
+        assert_eq!(ten.leaf_burst_bytes, 2 * 1514);
+        assert_eq!(ten.queue_packets, 20);
+        // Slow classes keep room for a few packets.
+        let slow = Shape::new(1_000_000, None);
+        assert_eq!(slow.queue_bytes, 3 * 1514);
+        assert_eq!(slow.queue_packets, 16);
         let gig = Shape::new(1_000_000_000, None);
-        assert_eq!(gig.queue_bytes, 1_250_000);
+        assert_eq!(gig.queue_bytes, 3_125_000);
         assert_eq!(gig.leaf_burst_bytes, 125_000);
-        assert_eq!(gig.queue_packets, 3);
-        assert_eq!(Shape::new(10_000_000_000, None).queue_packets, 38);
+        assert_eq!(gig.queue_packets, 2064);
+        assert_eq!(gig.burst_bytes, 1_250_000);
+        // The sizes come from the ABI constants the programs' queue model uses.
+        assert_eq!(
+            gig.queue_bytes,
+            125_000_000 * abi::LEAF_QUEUE_NS / 1_000_000_000
+        );
+        assert_eq!(
+            gig.leaf_burst_bytes,
+            125_000_000 * abi::LEAF_BURST_NS / 1_000_000_000
+        );
+        assert_eq!(QUEUE_MS, 25);
     }
 
     #[test]

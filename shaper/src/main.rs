@@ -2,18 +2,50 @@
 //! change (file poll and SIGHUP), and removes attachments of pods that vanished without a
 //! CNI DEL. Exiting (SIGTERM, crash, upgrade) detaches nothing: pods keep their programs,
 //! shaping and counters through the pins, and the next start reuses them.
+//!
+//! It also serves Prometheus metrics (`--metrics-address`, see `aliasnet_shaper::metrics`),
+//! rendered from the pinned maps at each scrape.
 
 use std::{
     io::IsTerminal,
+    net::SocketAddr,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
-use aliasnet_shaper::{Datapath, Policy, DEFAULT_PIN_ROOT, DEFAULT_POLICY_PATH};
+use aliasnet_shaper::{
+    metrics::{self, Aggregation, Exporter, ExporterOptions},
+    Datapath, Policy, DEFAULT_PIN_ROOT, DEFAULT_POLICY_PATH,
+};
 use anyhow::{Context, Result};
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
+
+/// Default `--metrics-address`: loopback only; a DaemonSet scraped from the cluster sets
+/// the node address (or 0.0.0.0) explicitly.
+const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9546";
+/// Period of the exporter's samples outside scrapes: node and namespace totals keep what a
+/// pod counted even when it is deleted between two scrapes (losing at most this much), and the
+/// shaping queues' drop counters (a netns switch per pod, kept off the scrape path) refresh.
+const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `--metrics-address`: an `IP:port`, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct MetricsAddress(Option<SocketAddr>);
+
+impl std::str::FromStr for MetricsAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "off" {
+            return Ok(Self(None));
+        }
+        s.parse()
+            .map(|a| Self(Some(a)))
+            .map_err(|e| format!("{s:?} is not IP:port (e.g. 127.0.0.1:9546) or \"off\": {e}"))
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(name = "aliasnet-shaperd", version, about)]
@@ -36,6 +68,13 @@ struct Args {
     /// Install the datapath, apply the policy once and exit.
     #[arg(long)]
     once: bool,
+    /// Where to serve Prometheus metrics (GET /metrics), as IP:port; `off` disables.
+    #[arg(long, default_value = DEFAULT_METRICS_ADDRESS)]
+    metrics_address: MetricsAddress,
+    /// Granularity of the per-pod metric families: `pod`, or `namespace` to sum pods per
+    /// Kubernetes namespace (drops the pod label; for very large clusters).
+    #[arg(long, default_value_t = Aggregation::Pod)]
+    aggregate: Aggregation,
 }
 
 /// The policy file's contents: `None` if it does not exist (then defaults apply).
@@ -149,7 +188,52 @@ fn main() -> Result<()> {
     rt.block_on(run(daemon))
 }
 
+/// Binds the metrics endpoint and returns the server future and the exporter it renders.
+async fn metrics_server(
+    args: &Args,
+) -> Result<Option<(impl std::future::Future<Output = ()>, Arc<Mutex<Exporter>>)>> {
+    let MetricsAddress(Some(addr)) = args.metrics_address else {
+        info!("metrics endpoint disabled (--metrics-address off)");
+        return Ok(None);
+    };
+    let exporter = Exporter::open(
+        &args.pin_root,
+        ExporterOptions {
+            aggregation: args.aggregate,
+            ..ExporterOptions::default()
+        },
+    )
+    .context("open the pinned maps for the metrics exporter")?;
+    let exporter = Arc::new(Mutex::new(exporter));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("bind the metrics endpoint to {addr} (--metrics-address)"))?;
+    info!(%addr, aggregate = %args.aggregate, "serving metrics at http://{addr}/metrics");
+    let shared = exporter.clone();
+    let render: metrics::http::RenderFn = Arc::new(move || {
+        // A panic in an earlier render leaves nothing half-updated that matters: recover.
+        let mut e = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        e.render().map_err(|e| e.to_string())
+    });
+    Ok(Some((metrics::http::serve(listener, render), exporter)))
+}
+
 async fn run(mut daemon: Daemon) -> Result<()> {
+    let (server, exporter) = match metrics_server(&daemon.args).await? {
+        Some((server, exporter)) => (Some(server), Some(exporter)),
+        None => (None, None),
+    };
+    let server = async move {
+        match server {
+            Some(s) => s.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(server);
+    let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
@@ -180,6 +264,17 @@ async fn run(mut daemon: Daemon) -> Result<()> {
                     Err(e) => warn!("gc: {e}"),
                 }
             }
+            _ = sample.tick(), if exporter.is_some() => {
+                let e = exporter.clone().expect("checked by the guard");
+                // Off the runtime thread: a scrape may hold the exporter for milliseconds.
+                tokio::task::spawn_blocking(move || {
+                    let mut e = e.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Err(err) = e.sample() {
+                        warn!("metrics: sampling the maps: {err}");
+                    }
+                });
+            }
+            _ = &mut server => {}
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

@@ -1,13 +1,18 @@
 //! Per-pod attach and detach: the API the CNI plugin calls on ADD and DEL.
 //!
 //! Per pod, from the pinned objects only (shaperd need not run):
-//! - the pod is recorded in the maps (identity, IP, limits) under a free slot, counters zeroed;
-//! - `an_host_ingress` / `an_host_egress` are attached with TCX to the host veth and pinned;
-//! - ingress limit: HTB root on the host veth, one class at the rate, bounded FIFO leaf;
+//! - the pod is recorded in the maps (identity, IP, limits) under a free slot, counters zeroed,
+//!   and its key in the key index (`crate::index`), so ADD, DEL and CHECK find it in O(1);
+//! - `an_host_ingress` / `an_host_egress` run on the host veth as cls_bpf direct-action
+//!   filters in a clsact qdisc (not TCX: see `crate::clsact`); the device holds them, nothing
+//!   is pinned per pod;
+//! - ingress limit: HTB root on the host veth, one class at the rate, bounded leaf;
 //! - internet-egress and/or total egress limit: HTB root on the pod's eth0 (inside the pod
-//!   netns) with `an_pod_egress` choosing the class per packet: 1:10 internet, 1:20 the rest.
-//!   Without a total egress limit there is no 1:20, so non-internet traffic falls through
-//!   to HTB's unshaped direct queue: internal traffic stays at line rate.
+//!   netns) with `an_pod_egress` (cls_bpf, clsact egress) choosing the class per packet: 1:10
+//!   internet, 1:20 the rest. Without a total egress limit there is no 1:20, so non-internet
+//!   traffic falls through to HTB's unshaped direct queue: internal traffic stays at line
+//!   rate. A pod without egress limits gets nothing on its eth0 (and the pod netns is not
+//!   entered at all).
 //!
 //! Shaping on the pod's own eth0 means the pod's TCP sees local backpressure (TCP small
 //! queues) instead of drops, which keeps retransmits and queueing delay low. A pod with
@@ -20,16 +25,20 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use std::os::fd::AsFd;
+
 use aliasnet_ebpf::{abi, maps, programs};
-use aya::{maps::PerCpuValues, programs::TcAttachType};
+use aya::maps::PerCpuValues;
 use tracing::{debug, info, warn};
 
 use crate::{
+    clsact::{self, FilterMode, Hook},
     datapath::{
-        attach_pinned, is_not_found, leaf_handle, sum_counters, Datapath, PinPaths, DIRECT_QLEN,
+        is_not_found, leaf_handle, scan_meta, sum_counters, Datapath, PinPaths, DIRECT_QLEN,
         HTB_MAJOR,
     },
     error::ShaperError,
+    index::{self, PodKey},
     limits::{Limits, Shape},
     netns,
     policy::Policy,
@@ -67,6 +76,7 @@ pub struct PodAttachment {
 pub struct AttachedPod {
     pub slot: u32,
     pub host_ifindex: u32,
+    /// The pod's interface, if anything was installed on it (egress limits); else 0.
     pub pod_ifindex: u32,
     /// Traffic to the pod (host veth qdisc).
     pub ingress: Option<Shape>,
@@ -136,8 +146,83 @@ fn nonzero(v: u64) -> Option<u64> {
     (v != 0).then_some(v)
 }
 
+/// How much of an attachment [`Datapath::detach_pod_with`] removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Teardown {
+    /// Everything: the filters and the clsact and HTB qdiscs on the host veth and on the
+    /// pod's interface, then the map entries. For callers whose veth stays.
+    Full,
+    /// Only the map entries and the key index entry (no netlink, no netns switch). For a caller
+    /// that deletes the host veth right after (CNI DEL) or whose veth is gone (GC): the
+    /// filters and qdiscs go with the veth, the pod-side ones with its peer. Until the veth is
+    /// deleted its filters keep classifying and dropping blocked traffic without counting it
+    /// for the pod.
+    MapsOnly,
+}
+
+/// Whether one of a pod's programs runs where it should.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookState {
+    /// Our cls_bpf filter is on the hook, running program `prog_id`.
+    Attached { prog_id: u32 },
+    /// A TCX link pinned by an earlier build (`pods/<slot>/`) holds the program.
+    AttachedLegacy,
+    /// No filter of ours on the hook.
+    Missing,
+    /// The pod has no egress limit, so its interface carries no program.
+    NotNeeded,
+    /// Could not be checked (device or netns gone, netlink refused).
+    Unknown(String),
+}
+
+impl HookState {
+    pub fn is_ok(&self) -> bool {
+        matches!(
+            self,
+            HookState::Attached { .. } | HookState::AttachedLegacy | HookState::NotNeeded
+        )
+    }
+}
+
+/// The state of a pod's three program hooks ([`Datapath::hooks_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodHooks {
+    /// `an_host_ingress` on the host veth's ingress.
+    pub host_ingress: HookState,
+    /// `an_host_egress` on the host veth's egress.
+    pub host_egress: HookState,
+    /// `an_pod_egress` on the pod interface's egress (in the pod netns).
+    pub pod_egress: HookState,
+}
+
+impl PodHooks {
+    /// One line per hook that is not as it should be, naming program and device.
+    pub fn problems(&self, rec: &PodRecord) -> Vec<String> {
+        let host = rec.host_ifname();
+        let pod = rec.ifname();
+        [
+            (&self.host_ingress, programs::HOST_INGRESS, &host, "ingress"),
+            (&self.host_egress, programs::HOST_EGRESS, &host, "egress"),
+            (&self.pod_egress, programs::POD_EGRESS, &pod, "egress"),
+        ]
+        .into_iter()
+        .filter_map(|(state, prog, dev, hook)| match state {
+            HookState::Missing => Some(format!(
+                "datapath program {prog} is not attached to {dev} {hook} (slot {})",
+                rec.slot
+            )),
+            HookState::Unknown(why) => Some(format!(
+                "datapath program {prog} on {dev} {hook} (slot {}) cannot be checked: {why}",
+                rec.slot
+            )),
+            _ => None,
+        })
+        .collect()
+    }
+}
+
 /// HTB classes on the pod's eth0 for a pod's recorded limits; `None` = no egress shaping.
-fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
+pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
     let root = handle(HTB_MAJOR, 0);
     let internet = nonzero(meta.internet_egress_rate);
     match nonzero(meta.egress_rate) {
@@ -239,43 +324,97 @@ fn unpin(path: &Path) -> Result<(), ShaperError> {
     }
 }
 
-/// Pod side, run inside the pod netns: egress qdisc and class-selecting program.
+/// Puts the pinned program `name` on `hook` of `ifindex` (the clsact qdisc must exist); the
+/// filter takes its own reference to the program.
+fn attach_filter(
+    rt: &mut Rtnl,
+    pins: &PinPaths,
+    ifindex: u32,
+    hook: Hook,
+    name: &str,
+) -> Result<(), ShaperError> {
+    let path = pins.prog(name);
+    let prog = clsact::open_pinned(&path).map_err(|e| ShaperError::io("open", &path, e))?;
+    rt.set_bpf_filter(
+        ifindex,
+        hook,
+        prog.as_fd(),
+        name,
+        FilterMode::CreateOrReplace,
+    )?;
+    Ok(())
+}
+
+/// Pod side, run inside the pod netns: egress qdisc and class-selecting program, or their
+/// removal when the pod has no egress limit. Returns the pod interface's ifindex, 0 when
+/// nothing is installed on it.
 fn reconcile_pod_side(
     pins: &PinPaths,
-    slot: u32,
     meta: &abi::PodMeta,
     fresh: bool,
 ) -> Result<u32, ShaperError> {
     let ifname = abi::cstr(&meta.ifname);
-    let link = pins.pod_dir(slot).join("pod_egress");
     let pod_ifindex = ifindex(&ifname)?;
     let mut rt = Rtnl::new()?;
     match pod_egress_classes(meta) {
         None => {
-            unpin(&link)?;
+            rt.detach_filters(pod_ifindex, &[Hook::Egress])?;
             rt.delete_root_htb(pod_ifindex, HTB_MAJOR)?;
+            Ok(0)
         }
         Some(classes) => {
-            install_htb(&mut rt, pod_ifindex, 0, &classes, fresh, Sender::Local)?;
-            if !link.exists() {
-                attach_pinned(
+            let mut apply = || {
+                install_htb(&mut rt, pod_ifindex, 0, &classes, fresh, Sender::Local)?;
+                rt.ensure_clsact(pod_ifindex)?;
+                attach_filter(
+                    &mut rt,
                     pins,
+                    pod_ifindex,
+                    Hook::Egress,
                     programs::POD_EGRESS,
-                    &ifname,
-                    TcAttachType::Egress,
-                    &link,
-                )?;
+                )
+            };
+            match apply() {
+                Ok(()) => Ok(pod_ifindex),
+                Err(e) => {
+                    // A failed attach records no pod_ifindex, so its rollback cannot find
+                    // this side: undo it here. (A policy update keeps what it had.)
+                    if fresh {
+                        if let Err(undo) = remove_pod_side(pod_ifindex) {
+                            warn!(error = %undo, "rollback of the pod side after a failed attach");
+                        }
+                    }
+                    Err(e)
+                }
             }
         }
     }
-    Ok(pod_ifindex)
+}
+
+/// Undoes the pod side inside the pod netns (full teardown of a veth that stays).
+fn remove_pod_side(pod_ifindex: u32) -> Result<(), ShaperError> {
+    let mut rt = Rtnl::new()?;
+    rt.detach_filters(pod_ifindex, &[Hook::Egress])?;
+    rt.delete_root_htb(pod_ifindex, HTB_MAJOR)?;
+    Ok(())
+}
+
+/// Our filter's state on `hook` of `ifindex` (in the calling thread's netns).
+fn hook_state(rt: &mut Rtnl, ifindex: u32, hook: Hook, prog: &str) -> HookState {
+    match rt.our_filter(ifindex, hook) {
+        Ok(Some(f)) if f.name == prog && f.direct_action => {
+            HookState::Attached { prog_id: f.prog_id }
+        }
+        Ok(_) => HookState::Missing,
+        Err(e) => HookState::Unknown(e.to_string()),
+    }
 }
 
 impl Datapath {
     /// Attaches the datapath to a pod (CNI ADD). Idempotent per (container ID, ifname): an
-    /// existing attachment with that key is torn down first. On failure everything done is
-    /// undone. Blocking; call from a plain thread (or `spawn_blocking`) in the node's network
-    /// namespace with bpffs visible.
+    /// existing attachment with that key, or on the same host veth, is torn down first. On
+    /// failure everything done is undone. Blocking; call from a plain thread (or
+    /// `spawn_blocking`) in the node's network namespace with bpffs visible.
     pub fn attach_pod(&mut self, req: &PodAttachment) -> Result<AttachedPod, ShaperError> {
         let id = &req.identity;
         req.limits.validate()?;
@@ -312,6 +451,7 @@ impl Datapath {
         }
         let host_ifindex = ifindex(&req.host_ifname)?;
         meta.host_ifindex = host_ifindex;
+        let key = PodKey::of(&meta);
 
         let lim = &req.limits;
         if let Some(r) = lim.ingress_rate {
@@ -337,16 +477,25 @@ impl Datapath {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
 
+        let ta = std::time::Instant::now();
         let _lock = self.lock()?;
-        for rec in self.records()? {
-            let same_key = rec.container_id() == id.container_id && rec.ifname() == id.ifname;
-            if same_key || rec.meta.host_ifindex == host_ifindex {
-                info!(slot = rec.slot, container = %rec.container_id(), "replacing previous attachment");
-                self.teardown(rec.slot, &rec.meta)?;
+        let tl = ta.elapsed();
+        let mut previous = Vec::new();
+        if let Some(p) = self.find(&key)? {
+            previous.push(p);
+        }
+        if let Some(p) = self.on_host(host_ifindex)? {
+            if previous.iter().all(|(slot, _)| *slot != p.0) {
+                previous.push(p);
             }
         }
-        let slot = self.free_slot()?;
-        match self.attach_slot(slot, &mut meta, req) {
+        for (slot, old) in previous {
+            info!(slot, container = %abi::cstr(&old.container_id), "replacing previous attachment");
+            self.teardown(slot, &old, Teardown::Full)?;
+        }
+        let slot = self.free_slot(&key)?;
+        eprintln!("TIMING2 lock {:?} pre {:?}", tl, ta.elapsed());
+        match self.attach_slot(slot, &key, &mut meta, req) {
             Ok(attached) => {
                 info!(
                     slot,
@@ -357,7 +506,7 @@ impl Datapath {
                 Ok(attached)
             }
             Err(e) => {
-                if let Err(undo) = self.teardown(slot, &meta) {
+                if let Err(undo) = self.teardown(slot, &meta, Teardown::Full) {
                     warn!(slot, error = %undo, "rollback after a failed attach");
                 }
                 Err(e)
@@ -368,19 +517,17 @@ impl Datapath {
     fn attach_slot(
         &mut self,
         slot: u32,
+        key: &PodKey,
         meta: &mut abi::PodMeta,
         req: &PodAttachment,
     ) -> Result<AttachedPod, ShaperError> {
-        let dir = self.pins.pod_dir(slot);
-        // Leftovers of an interrupted teardown must not survive into a new pod.
-        if dir.exists() {
-            for f in std::fs::read_dir(&dir).map_err(|e| ShaperError::io("read", &dir, e))? {
-                let f = f.map_err(|e| ShaperError::io("read", &dir, e))?;
-                unpin(&f.path())?;
-            }
-        } else {
-            std::fs::create_dir(&dir).map_err(|e| ShaperError::io("create", &dir, e))?;
-        }
+        let t0 = std::time::Instant::now();
+        // Pins of a TCX-era attachment interrupted in this slot must not outlive it.
+        self.remove_legacy_pins(slot)?;
+        // The index entry goes in before the metadata it points to (see `crate::index`).
+        self.index
+            .insert(key, slot, 0)
+            .map_err(|e| ShaperError::map(index::NAME, e))?;
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| ShaperError::io("read", what, e))?;
         let zero = PerCpuValues::try_from(vec![abi::PodCounters::default(); cpus])
             .map_err(|e| ShaperError::io("build counters", "", e))?;
@@ -406,22 +553,25 @@ impl Datapath {
             .insert(meta.ipv4, slot, 0)
             .map_err(|e| ShaperError::map(maps::POD_IPS, e))?;
 
-        attach_pinned(
-            &self.pins,
-            programs::HOST_INGRESS,
-            &req.host_ifname,
-            TcAttachType::Ingress,
-            &dir.join("host_ingress"),
-        )?;
-        attach_pinned(
-            &self.pins,
-            programs::HOST_EGRESS,
-            &req.host_ifname,
-            TcAttachType::Egress,
-            &dir.join("host_egress"),
-        )?;
-
+        let t1 = t0.elapsed();
+        // Host veth: classify, count and drop blocked traffic in both directions.
         let mut rt = Rtnl::new()?;
+        rt.ensure_clsact(meta.host_ifindex)?;
+        attach_filter(
+            &mut rt,
+            &self.pins,
+            meta.host_ifindex,
+            Hook::Ingress,
+            programs::HOST_INGRESS,
+        )?;
+        attach_filter(
+            &mut rt,
+            &self.pins,
+            meta.host_ifindex,
+            Hook::Egress,
+            programs::HOST_EGRESS,
+        )?;
+        let t2 = t0.elapsed();
         if let Some(class) = host_ingress_class(meta) {
             install_htb(
                 &mut rt,
@@ -435,15 +585,25 @@ impl Datapath {
             rt.delete_root_htb(meta.host_ifindex, HTB_MAJOR)?;
         }
 
-        let pins = self.pins.clone();
-        let pod_meta = *meta;
-        meta.pod_ifindex = netns::run_in(&req.netns, || {
-            reconcile_pod_side(&pins, slot, &pod_meta, true)
-        })??;
-        self.meta
-            .set(slot, *meta, 0)
-            .map_err(|e| ShaperError::map(maps::POD_META, e))?;
+        let t3 = t0.elapsed();
+        // Pod side, only for egress limits: entering the netns is the costliest step left.
+        if pod_egress_classes(meta).is_some() {
+            let pins = self.pins.clone();
+            let pod_meta = *meta;
+            meta.pod_ifindex =
+                netns::run_in(&req.netns, || reconcile_pod_side(&pins, &pod_meta, true))??;
+            self.meta
+                .set(slot, *meta, 0)
+                .map_err(|e| ShaperError::map(maps::POD_META, e))?;
+        }
 
+        eprintln!(
+            "TIMING maps {:?} filters {:?} htb {:?} pod {:?}",
+            t1,
+            t2 - t1,
+            t3 - t2,
+            t0.elapsed() - t3
+        );
         let classes = pod_egress_classes(meta);
         let internet_egress = classes
             .as_ref()
@@ -464,35 +624,57 @@ impl Datapath {
         })
     }
 
-    /// Detaches a pod (CNI DEL). Best effort and idempotent: succeeds when nothing is
-    /// attached under the key, when the host veth or the pod netns are already gone, and when
-    /// repeated. Returns whether an attachment was found.
+    /// Detaches a pod completely (filters, qdiscs, map entries): [`Teardown::Full`]. Best
+    /// effort and idempotent: succeeds when nothing is attached under the key, when the host
+    /// veth or the pod netns are already gone, and when repeated. Returns whether an
+    /// attachment was found.
     pub fn detach_pod(&mut self, container_id: &str, ifname: &str) -> Result<bool, ShaperError> {
+        self.detach_pod_with(container_id, ifname, Teardown::Full)
+    }
+
+    /// [`Datapath::detach_pod`] with a choice of how much to undo: a CNI DEL that deletes the
+    /// host veth right afterwards passes [`Teardown::MapsOnly`] and costs a few map
+    /// operations.
+    pub fn detach_pod_with(
+        &mut self,
+        container_id: &str,
+        ifname: &str,
+        how: Teardown,
+    ) -> Result<bool, ShaperError> {
+        // A key too long for the maps was never attached.
+        let Some(key) = PodKey::new(container_id, ifname) else {
+            return Ok(false);
+        };
         let _lock = self.lock()?;
-        let mut found = false;
-        for rec in self.records()? {
-            if rec.container_id() == container_id && rec.ifname() == ifname {
-                found = true;
-                self.teardown(rec.slot, &rec.meta)?;
-                info!(slot = rec.slot, container = container_id, "pod detached");
-            }
-        }
-        Ok(found)
+        let Some((slot, meta)) = self.find(&key)? else {
+            return Ok(false);
+        };
+        self.teardown(slot, &meta, how)?;
+        info!(slot, container = container_id, ?how, "pod detached");
+        Ok(true)
     }
 
     /// Removes attachments whose host veth no longer exists (a pod deleted without a CNI
-    /// DEL). Returns the removed records.
+    /// DEL), and repairs the key index. Returns the removed records.
     pub fn gc(&mut self) -> Result<Vec<PodRecord>, ShaperError> {
         let _lock = self.lock()?;
         let mut removed = Vec::new();
+        let mut live = Vec::new();
         for rec in self.records()? {
             let alive = nix::net::if_::if_nametoindex(rec.host_ifname().as_str())
                 .is_ok_and(|i| i == rec.meta.host_ifindex);
-            if !alive {
-                self.teardown(rec.slot, &rec.meta)?;
-                info!(slot = rec.slot, container = %rec.container_id(), "stale pod attachment removed");
-                removed.push(rec);
+            if alive {
+                live.push((rec.slot, rec.meta));
+                continue;
             }
+            // The veth pair is gone, and with it every filter and qdisc of the pod.
+            self.teardown(rec.slot, &rec.meta, Teardown::MapsOnly)?;
+            info!(slot = rec.slot, container = %rec.container_id(), "stale pod attachment removed");
+            removed.push(rec);
+        }
+        let fixed = index::reconcile(&mut self.index, &live)?;
+        if fixed > 0 {
+            info!(fixed, "attachment-key index repaired");
         }
         Ok(removed)
     }
@@ -504,10 +686,76 @@ impl Datapath {
 
     /// The attached pod with this key.
     pub fn pod(&self, container_id: &str, ifname: &str) -> Result<Option<PodRecord>, ShaperError> {
-        Ok(self
-            .records()?
-            .into_iter()
-            .find(|r| r.container_id() == container_id && r.ifname() == ifname))
+        let Some(key) = PodKey::new(container_id, ifname) else {
+            return Ok(None);
+        };
+        match self.find(&key)? {
+            Some((slot, meta)) => Ok(Some(PodRecord {
+                slot,
+                meta,
+                counters: self.counters_of(slot)?,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether each of the pod's programs is attached where it should be: the host veth
+    /// (in the calling thread's netns) and, for a pod with egress limits, its interface in
+    /// the pod netns.
+    pub fn hooks_of(&self, rec: &PodRecord) -> PodHooks {
+        let legacy = self.pins.legacy_pod_dir(rec.slot);
+        let host = rec.host_ifname();
+        let host_alive =
+            nix::net::if_::if_nametoindex(host.as_str()).is_ok_and(|i| i == rec.meta.host_ifindex);
+        let (host_ingress, host_egress) = if !host_alive {
+            let gone = HookState::Unknown(format!(
+                "host veth {host} (ifindex {}) is gone",
+                rec.meta.host_ifindex
+            ));
+            (gone.clone(), gone)
+        } else {
+            match Rtnl::new() {
+                Ok(mut rt) => {
+                    let ifx = rec.meta.host_ifindex;
+                    (
+                        hook_state(&mut rt, ifx, Hook::Ingress, programs::HOST_INGRESS),
+                        hook_state(&mut rt, ifx, Hook::Egress, programs::HOST_EGRESS),
+                    )
+                }
+                Err(e) => (
+                    HookState::Unknown(e.to_string()),
+                    HookState::Unknown(e.to_string()),
+                ),
+            }
+        };
+        let pod_egress = if pod_egress_classes(&rec.meta).is_none() {
+            HookState::NotNeeded
+        } else {
+            let ns = PathBuf::from(abi::cstr(&rec.meta.netns));
+            let ifname = rec.ifname();
+            match netns::run_in(&ns, || {
+                let i = ifindex(&ifname)?;
+                Ok::<_, ShaperError>(hook_state(
+                    &mut Rtnl::new()?,
+                    i,
+                    Hook::Egress,
+                    programs::POD_EGRESS,
+                ))
+            }) {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => HookState::Unknown(e.to_string()),
+                Err(e) => HookState::Unknown(e.to_string()),
+            }
+        };
+        let legacy_or = |state: HookState, link: &str| match state {
+            HookState::Missing if legacy.join(link).exists() => HookState::AttachedLegacy,
+            s => s,
+        };
+        PodHooks {
+            host_ingress: legacy_or(host_ingress, "host_ingress"),
+            host_egress: legacy_or(host_egress, "host_egress"),
+            pod_egress: legacy_or(pod_egress, "pod_egress"),
+        }
     }
 
     /// Counters of a slot, summed over CPUs.
@@ -544,52 +792,131 @@ impl Datapath {
         Ok(out)
     }
 
-    pub(crate) fn records(&self) -> Result<Vec<PodRecord>, ShaperError> {
-        let mut out = Vec::new();
-        for slot in 0..abi::MAX_PODS {
-            let meta = self
-                .meta
-                .get(&slot, 0)
-                .map_err(|e| ShaperError::map(maps::POD_META, e))?;
-            if meta.flags & abi::META_IN_USE == 0 {
-                continue;
-            }
-            out.push(PodRecord {
-                slot,
-                meta,
-                counters: self.counters_of(slot)?,
-            });
-        }
-        Ok(out)
+    /// Every slot in use, from the metadata (a full scan: daemon and tools, not CNI calls).
+    pub(crate) fn scan(&self) -> Result<Vec<(u32, abi::PodMeta)>, ShaperError> {
+        scan_meta(&self.meta)
     }
 
-    fn free_slot(&self) -> Result<u32, ShaperError> {
-        for slot in 0..abi::MAX_PODS {
-            let meta = self
-                .meta
-                .get(&slot, 0)
-                .map_err(|e| ShaperError::map(maps::POD_META, e))?;
-            if meta.flags & abi::META_IN_USE == 0 {
+    pub(crate) fn records(&self) -> Result<Vec<PodRecord>, ShaperError> {
+        self.scan()?
+            .into_iter()
+            .map(|(slot, meta)| {
+                Ok(PodRecord {
+                    slot,
+                    meta,
+                    counters: self.counters_of(slot)?,
+                })
+            })
+            .collect()
+    }
+
+    fn meta_at(&self, slot: u32) -> Result<abi::PodMeta, ShaperError> {
+        self.meta
+            .get(&slot, 0)
+            .map_err(|e| ShaperError::map(maps::POD_META, e))
+    }
+
+    /// The live attachment with `key`: one index lookup, confirmed by the slot's metadata.
+    fn find(&self, key: &PodKey) -> Result<Option<(u32, abi::PodMeta)>, ShaperError> {
+        let slot = match self.index.get(key, 0) {
+            Ok(s) => s,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(ShaperError::map(index::NAME, e)),
+        };
+        if slot >= abi::MAX_PODS {
+            return Ok(None);
+        }
+        let meta = self.meta_at(slot)?;
+        Ok(key.matches(&meta).then_some((slot, meta)))
+    }
+
+    /// The live attachment on host veth `ifindex`, through the programs' own `an_pods` map.
+    fn on_host(&self, ifindex: u32) -> Result<Option<(u32, abi::PodMeta)>, ShaperError> {
+        let slot = match self.pods.get(&ifindex, 0) {
+            Ok(p) => p.slot,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(ShaperError::map(maps::PODS, e)),
+        };
+        if slot >= abi::MAX_PODS {
+            return Ok(None);
+        }
+        let meta = self.meta_at(slot)?;
+        Ok(
+            (meta.flags & abi::META_IN_USE != 0 && meta.host_ifindex == ifindex)
+                .then_some((slot, meta)),
+        )
+    }
+
+    /// A free slot, probing from the key's home slot: about one read while the node is not
+    /// nearly full (the metadata is the truth, nothing else to keep in step).
+    fn free_slot(&self, key: &PodKey) -> Result<u32, ShaperError> {
+        let home = key.home();
+        for i in 0..abi::MAX_PODS {
+            let slot = (home + i) % abi::MAX_PODS;
+            if self.meta_at(slot)?.flags & abi::META_IN_USE == 0 {
                 return Ok(slot);
             }
         }
         Err(ShaperError::Full { max: abi::MAX_PODS })
     }
 
-    /// Undoes an attachment, continuing past failures and reporting them all.
-    fn teardown(&mut self, slot: u32, meta: &abi::PodMeta) -> Result<(), ShaperError> {
+    /// Unpins TCX links a build before the cls_bpf switch pinned for `slot` (which detaches
+    /// them) and removes their directory. One `stat` when there are none.
+    fn remove_legacy_pins(&self, slot: u32) -> Result<(), ShaperError> {
+        let dir = self.pins.legacy_pod_dir(slot);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(ShaperError::io("read", &dir, e)),
+        };
+        for f in entries {
+            let f = f.map_err(|e| ShaperError::io("read", &dir, e))?;
+            unpin(&f.path())?;
+        }
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ShaperError::io("remove", &dir, e)),
+        }
+    }
+
+    /// Undoes an attachment, continuing past failures and reporting them all. Device state
+    /// first (with [`Teardown::Full`]), then the map entries, the metadata before the index
+    /// entry (see `crate::index`).
+    fn teardown(
+        &mut self,
+        slot: u32,
+        meta: &abi::PodMeta,
+        how: Teardown,
+    ) -> Result<(), ShaperError> {
         let mut errors = Vec::new();
-        let dir = self.pins.pod_dir(slot);
-        // Unpinning drops the last reference to each link, which detaches the program.
-        for name in ["host_ingress", "host_egress", "pod_egress"] {
-            if let Err(e) = unpin(&dir.join(name)) {
-                errors.push(e);
+        if how == Teardown::Full {
+            // The host veth may be gone already (pod netns deleted first); so are its filters
+            // and qdiscs then.
+            let host = abi::cstr(&meta.host_ifname);
+            if nix::net::if_::if_nametoindex(host.as_str()).is_ok_and(|i| i == meta.host_ifindex) {
+                let ifx = meta.host_ifindex;
+                if let Err(e) = Rtnl::new().and_then(|mut rt| {
+                    rt.detach_filters(ifx, &[Hook::Ingress, Hook::Egress])?;
+                    rt.delete_root_htb(ifx, HTB_MAJOR).map(|_| ())
+                }) {
+                    errors.push(e.into());
+                }
+            }
+            // Pod side: only if something was installed and the namespace still exists (a
+            // netns kept across DEL and ADD).
+            let netns_path = PathBuf::from(abi::cstr(&meta.netns));
+            if meta.pod_ifindex != 0 && netns_path.exists() {
+                let pod_ifindex = meta.pod_ifindex;
+                match netns::run_in(&netns_path, || remove_pod_side(pod_ifindex)) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => debug!(slot, error = %e, "pod-side filter or qdisc not removed"),
+                    Err(e) => debug!(slot, error = %e, "pod netns not entered"),
+                }
             }
         }
-        if let Err(e) = std::fs::remove_dir(&dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                errors.push(ShaperError::io("remove", &dir, e));
-            }
+        if let Err(e) = self.remove_legacy_pins(slot) {
+            errors.push(e);
         }
         match self.pods.get(&meta.host_ifindex, 0) {
             Ok(p) if p.slot == slot => {
@@ -610,29 +937,19 @@ impl Datapath {
                 }
             }
         }
-        // The host veth may be gone already (pod netns deleted first); so is its qdisc then.
-        let host = abi::cstr(&meta.host_ifname);
-        if nix::net::if_::if_nametoindex(host.as_str()).is_ok_and(|i| i == meta.host_ifindex) {
-            if let Err(e) =
-                Rtnl::new().and_then(|mut rt| rt.delete_root_htb(meta.host_ifindex, HTB_MAJOR))
-            {
-                errors.push(e.into());
+        match self.meta.set(slot, abi::PodMeta::default(), 0) {
+            Ok(()) => {
+                let key = PodKey::of(meta);
+                if self.index.get(&key, 0).is_ok_and(|s| s == slot) {
+                    if let Err(e) = self.index.remove(&key) {
+                        if !is_not_found(&e) {
+                            errors.push(ShaperError::map(index::NAME, e));
+                        }
+                    }
+                }
             }
-        }
-        // Pod side: only if the namespace still exists (a netns kept across DEL and ADD).
-        let netns_path = PathBuf::from(abi::cstr(&meta.netns));
-        if meta.pod_ifindex != 0 && netns_path.exists() {
-            let pod_ifindex = meta.pod_ifindex;
-            match netns::run_in(&netns_path, || {
-                Rtnl::new().and_then(|mut rt| rt.delete_root_htb(pod_ifindex, HTB_MAJOR))
-            }) {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => debug!(slot, error = %e, "pod-side qdisc not removed"),
-                Err(e) => debug!(slot, error = %e, "pod netns not entered"),
-            }
-        }
-        if let Err(e) = self.meta.set(slot, abi::PodMeta::default(), 0) {
-            errors.push(ShaperError::map(maps::POD_META, e));
+            // The slot stays recorded: keep the index entry that finds it.
+            Err(e) => errors.push(ShaperError::map(maps::POD_META, e)),
         }
         ShaperError::collect(errors)
     }
@@ -660,14 +977,12 @@ impl Datapath {
             }
             let netns_path = PathBuf::from(abi::cstr(&meta.netns));
             let pins = self.pins.clone();
-            let slot = rec.slot;
-            let res = netns::run_in(&netns_path, || {
-                reconcile_pod_side(&pins, slot, &meta, false)
-            })
-            .map_err(ShaperError::from)
-            .and_then(|r| r);
+            let res = netns::run_in(&netns_path, || reconcile_pod_side(&pins, &meta, false))
+                .map_err(ShaperError::from)
+                .and_then(|r| r);
             match res {
-                Ok(_) => {
+                Ok(pod_ifindex) => {
+                    meta.pod_ifindex = pod_ifindex;
                     self.meta
                         .set(rec.slot, meta, 0)
                         .map_err(|e| ShaperError::map(maps::POD_META, e))?;

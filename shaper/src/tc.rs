@@ -184,7 +184,7 @@ impl Rtnl {
         })
     }
 
-    fn request(
+    pub(crate) fn request(
         &mut self,
         msg: RouteNetlinkMessage,
         flags: u16,

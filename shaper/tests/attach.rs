@@ -5,7 +5,9 @@ mod fabric;
 
 use aliasnet_shaper::{
     abi::{self, Class, Direction},
-    Limits, ShaperError,
+    clsact::Hook,
+    tc::Rtnl,
+    HookState, Limits, ShaperError, Teardown,
 };
 use aya::programs::{SchedClassifier, TcAttachType};
 use fabric::*;
@@ -25,17 +27,40 @@ fn c(packets: u64) -> abi::Counter {
     }
 }
 
-fn tcx_programs(f: &Fabric, dev: &str, role: &str, t: TcAttachType) -> Vec<String> {
+/// Programs on `dev`'s clsact `hook` (cls_bpf filter names); asserts that nothing is
+/// attached with TCX, which per-pod hooks must not use (an RCU wait under RTNL per attach).
+fn programs(f: &Fabric, dev: &str, role: &str, hook: Hook) -> Vec<String> {
     let dev = dev.to_owned();
     aliasnet_shaper::netns::run_in(&f.ns_path(role), move || {
-        SchedClassifier::query_tcx(&dev, t)
-            .expect("query tcx")
-            .1
-            .iter()
-            .map(|p| p.name_as_str().unwrap_or_default().to_owned())
+        let t = match hook {
+            Hook::Ingress => TcAttachType::Ingress,
+            Hook::Egress => TcAttachType::Egress,
+        };
+        // No tcx entry at all (ENOENT) or an empty one.
+        let tcx = SchedClassifier::query_tcx(&dev, t).map_or(0, |(_, p)| p.len());
+        assert_eq!(tcx, 0, "TCX programs on {dev} {hook:?}");
+        let ifindex = nix::net::if_::if_nametoindex(dev.as_str()).expect("ifindex");
+        Rtnl::new()
+            .expect("rtnl")
+            .filters(ifindex, hook)
+            .expect("list filters")
+            .into_iter()
+            .map(|p| {
+                assert!(p.direct_action, "{p:?}");
+                p.name
+            })
             .collect()
     })
     .expect("enter netns")
+}
+
+/// Only the default root qdisc: no clsact, no HTB left behind.
+fn bare(f: &Fabric, role: &str, dev: &str) -> bool {
+    let q = f.tc_json(role, "qdisc", dev);
+    q.as_array()
+        .expect("qdisc list")
+        .iter()
+        .all(|q| q["kind"] == "noqueue")
 }
 
 fn installed() -> Fabric {
@@ -65,14 +90,17 @@ fn counters_match_pings_exactly() {
         "no limit anywhere: nothing shaped"
     );
     assert_eq!(
-        tcx_programs(&f, "vh1", "node", TcAttachType::Ingress),
+        programs(&f, "vh1", "node", Hook::Ingress),
         ["an_host_ingress"]
     );
     assert_eq!(
-        tcx_programs(&f, "vh1", "node", TcAttachType::Egress),
+        programs(&f, "vh1", "node", Hook::Egress),
         ["an_host_egress"]
     );
-    assert!(tcx_programs(&f, "eth0", "pod", TcAttachType::Egress).is_empty());
+    assert!(
+        bare(&f, "pod", "eth0"),
+        "no egress limit: nothing on the pod side"
+    );
 
     assert_eq!(f.ping("pod", INTERNET, 10, 100, &[]), 10);
     assert_eq!(f.ping("pod", INTERNAL, 5, 100, &[]), 5);
@@ -132,16 +160,16 @@ fn bad_input_attaches_nothing() {
     let mut dp = f.open();
     let nothing_attached = |f: &Fabric, dp: &aliasnet_shaper::Datapath| {
         assert!(dp.pods().unwrap().is_empty(), "no pod recorded");
-        assert!(tcx_programs(f, "vh1", "node", TcAttachType::Ingress).is_empty());
-        assert!(tcx_programs(f, "vh1", "node", TcAttachType::Egress).is_empty());
-        assert!(tcx_programs(f, "eth0", "pod", TcAttachType::Egress).is_empty());
-        let pods_dir = f.pin_root().join("pods");
-        assert_eq!(
-            std::fs::read_dir(pods_dir).unwrap().count(),
-            0,
-            "no pinned links"
+        assert!(
+            dp.pod(CONTAINER_ID, "eth0").unwrap().is_none(),
+            "no index entry"
         );
-        assert_eq!(f.tc_json("node", "qdisc", "vh1")[0]["kind"], "noqueue");
+        assert!(bare(f, "node", "vh1"), "no clsact or htb on the host veth");
+        assert!(bare(f, "pod", "eth0"), "no clsact or htb on the pod side");
+        assert!(
+            !f.pin_root().join("pods").exists(),
+            "nothing pinned per pod"
+        );
     };
 
     let bad_rate = f.attachment(Limits {
@@ -196,10 +224,18 @@ fn detach_is_idempotent_and_gc_removes_vanished_pods() {
     });
     f.in_node(|| dp.attach_pod(&att)).expect("attach");
     assert_eq!(f.tc_json("node", "qdisc", "vh1")[0]["kind"], "htb");
-    assert_eq!(
-        tcx_programs(&f, "eth0", "pod", TcAttachType::Egress),
-        ["an_pod_egress"]
+    assert_eq!(programs(&f, "eth0", "pod", Hook::Egress), ["an_pod_egress"]);
+    let rec = dp.pod(CONTAINER_ID, "eth0").unwrap().unwrap();
+    let hooks = f.in_node(|| dp.hooks_of(&rec));
+    assert!(
+        matches!(hooks.host_ingress, HookState::Attached { prog_id } if prog_id != 0),
+        "{hooks:?}"
     );
+    assert!(
+        hooks.host_egress.is_ok() && hooks.pod_egress.is_ok(),
+        "{hooks:?}"
+    );
+    assert!(hooks.problems(&rec).is_empty());
     assert_eq!(f.ping("pod", INTERNET, 3, 100, &[]), 3);
 
     // ADD again with the same key (a runtime retry): one attachment, fresh counters.
@@ -214,7 +250,7 @@ fn detach_is_idempotent_and_gc_removes_vanished_pods() {
         }
     }
     assert_eq!(
-        tcx_programs(&f, "vh1", "node", TcAttachType::Ingress),
+        programs(&f, "vh1", "node", Hook::Ingress),
         ["an_host_ingress"]
     );
 
@@ -225,10 +261,14 @@ fn detach_is_idempotent_and_gc_removes_vanished_pods() {
     );
     assert!(!f.in_node(|| dp.detach_pod("never-seen", "eth0")).unwrap());
     assert!(dp.pods().unwrap().is_empty());
-    assert!(tcx_programs(&f, "vh1", "node", TcAttachType::Ingress).is_empty());
-    assert!(tcx_programs(&f, "eth0", "pod", TcAttachType::Egress).is_empty());
-    assert_eq!(f.tc_json("node", "qdisc", "vh1")[0]["kind"], "noqueue");
-    assert_eq!(f.tc_json("pod", "qdisc", "eth0")[0]["kind"], "noqueue");
+    assert!(
+        bare(&f, "node", "vh1"),
+        "full detach: no filter or qdisc left"
+    );
+    assert!(
+        bare(&f, "pod", "eth0"),
+        "full detach: no filter or qdisc left"
+    );
     assert_eq!(
         f.ping("pod", BLOCKED, 1, 100, &[]),
         1,
@@ -242,12 +282,7 @@ fn detach_is_idempotent_and_gc_removes_vanished_pods() {
     assert_eq!(removed.len(), 1);
     assert_eq!(removed[0].container_id(), CONTAINER_ID);
     assert!(dp.pods().unwrap().is_empty());
-    assert_eq!(
-        std::fs::read_dir(f.pin_root().join("pods"))
-            .unwrap()
-            .count(),
-        0
-    );
+    assert!(dp.pod(CONTAINER_ID, "eth0").unwrap().is_none());
     // DEL after the veth (and netns) are gone still succeeds.
     assert!(!f.in_node(|| dp.detach_pod(CONTAINER_ID, "eth0")).unwrap());
 }
@@ -268,4 +303,104 @@ fn open_before_shaperd_ran_is_a_clear_error() {
         e.to_string().contains("aliasnet-shaperd must run once"),
         "{e}"
     );
+}
+
+#[test]
+fn maps_only_detach_leaves_the_device_to_the_veth_delete() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    let mut dp = f.open();
+    let att = f.attachment(Limits {
+        ingress_rate: Some(100_000_000),
+        internet_egress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    assert_eq!(f.ping("pod", INTERNET, 2, 100, &[]), 2);
+
+    // CNI DEL: the veth is deleted right after, so only the map entries go.
+    assert!(f
+        .in_node(|| dp.detach_pod_with(CONTAINER_ID, "eth0", Teardown::MapsOnly))
+        .unwrap());
+    assert!(dp.pods().unwrap().is_empty());
+    assert!(dp.pod(CONTAINER_ID, "eth0").unwrap().is_none());
+    assert!(!f
+        .in_node(|| dp.detach_pod_with(CONTAINER_ID, "eth0", Teardown::MapsOnly))
+        .unwrap());
+    // The filters stay until the veth goes: still enforcing, no longer counting.
+    assert_eq!(
+        programs(&f, "vh1", "node", Hook::Ingress),
+        ["an_host_ingress"]
+    );
+    assert_eq!(f.ping("pod", BLOCKED, 1, 100, &[]), 0);
+
+    // A new attachment on the same veth (an ADD retried after DEL) starts clean.
+    let again = f.in_node(|| dp.attach_pod(&att)).expect("re-attach");
+    assert_eq!(dp.pods().unwrap().len(), 1);
+    assert_eq!(
+        programs(&f, "vh1", "node", Hook::Egress),
+        ["an_host_egress"]
+    );
+    assert_eq!(programs(&f, "eth0", "pod", Hook::Egress), ["an_pod_egress"]);
+    assert_eq!(f.ping("pod", INTERNET, 3, 100, &[]), 3);
+    let k = dp.pod(CONTAINER_ID, "eth0").unwrap().unwrap().counters;
+    assert_eq!(k.get(Direction::Egress, Class::Internet), c(3));
+    assert_eq!(again.slot, dp.pods().unwrap()[0].slot);
+
+    f.in_node(|| dp.detach_pod_with(CONTAINER_ID, "eth0", Teardown::MapsOnly))
+        .unwrap();
+    ip(&["-n", &f.ns("node"), "link", "del", "vh1"]);
+    assert!(dp.pods().unwrap().is_empty());
+}
+
+#[test]
+fn key_index_survives_loss_and_stale_entries() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    let mut dp = f.open();
+    let att = f.attachment(Limits::default());
+    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    drop(dp);
+
+    // Pins from a build without the index: the next open rebuilds it from the metadata.
+    std::fs::remove_file(f.pin_root().join("maps/an_pod_keys")).unwrap();
+    let mut dp = f.open();
+    assert!(f.pin_root().join("maps/an_pod_keys").exists());
+    let rec = dp.pod(CONTAINER_ID, "eth0").unwrap().expect("found again");
+    assert_eq!(rec.slot, a.slot);
+
+    // A second pod on another veth gets its own slot; both are found by key.
+    ip(&[
+        "-n",
+        &f.ns("node"),
+        "link",
+        "add",
+        "vh2",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "vp2",
+    ]);
+    let mut other = f.attachment(Limits::default());
+    other.host_ifname = "vh2".to_owned();
+    other.identity.container_id = "second".to_owned();
+    other.identity.ip = "10.20.0.6".parse().unwrap();
+    let b = f.in_node(|| dp.attach_pod(&other)).expect("attach second");
+    assert_ne!(a.slot, b.slot);
+    assert_eq!(dp.pod("second", "eth0").unwrap().unwrap().slot, b.slot);
+    assert_eq!(dp.pod(CONTAINER_ID, "eth0").unwrap().unwrap().slot, a.slot);
+    assert!(dp.pod("second", "eth1").unwrap().is_none());
+    assert!(dp.pod(&"x".repeat(200), "eth0").unwrap().is_none());
+
+    // GC repairs the index: the entries of live pods stay, nothing else is removed.
+    assert!(f.in_node(|| dp.gc()).unwrap().is_empty());
+    assert_eq!(dp.pods().unwrap().len(), 2);
+    assert!(f.in_node(|| dp.detach_pod("second", "eth0")).unwrap());
+    assert!(programs(&f, "vh2", "node", Hook::Ingress).is_empty());
+    assert_eq!(dp.pods().unwrap().len(), 1);
 }

@@ -1,6 +1,6 @@
 //! aliasnet-shaperd lifecycle in network namespaces: policy reload (file change and SIGHUP,
 //! invalid policy rejected), restart without losing counters or packets, program upgrade
-//! switching live links. Root only.
+//! switching live pods' filters in place. Root only.
 
 mod fabric;
 
@@ -12,15 +12,11 @@ use std::{
 use aliasnet_ebpf::{maps, DATAPATH_OBJECT};
 use aliasnet_shaper::{
     abi::{self, Class, Direction},
+    clsact::Hook,
+    tc::Rtnl,
     Limits,
 };
-use aya::{
-    programs::{
-        links::{FdLink, PinnedLink},
-        SchedClassifier,
-    },
-    EbpfLoader,
-};
+use aya::{programs::SchedClassifier, EbpfLoader};
 use fabric::*;
 
 const PING_FRAME: u64 = 142;
@@ -46,12 +42,28 @@ fn counter(f: &Fabric, dir: Direction, class: Class) -> abi::Counter {
         .get(dir, class)
 }
 
-/// Program id a pinned link runs.
-fn link_prog_id(path: &std::path::Path) -> u32 {
-    FdLink::from(PinnedLink::from_pin(path).expect("link pin"))
-        .info()
-        .expect("link info")
-        .program_id()
+/// Program id our cls_bpf filter on `dev`'s `hook` runs (in netns `role`).
+fn filter_prog_id(f: &Fabric, role: &str, dev: &str, hook: Hook) -> u32 {
+    let dev = dev.to_owned();
+    aliasnet_shaper::netns::run_in(&f.ns_path(role), move || {
+        let ifindex = nix::net::if_::if_nametoindex(dev.as_str()).expect("ifindex");
+        Rtnl::new()
+            .expect("rtnl")
+            .our_filter(ifindex, hook)
+            .expect("list filters")
+            .unwrap_or_else(|| panic!("no filter on {dev} {hook:?}"))
+            .prog_id
+    })
+    .expect("enter netns")
+}
+
+/// Programs of the pod's three hooks.
+fn pod_prog_ids(f: &Fabric) -> Vec<u32> {
+    vec![
+        filter_prog_id(f, "node", "vh1", Hook::Ingress),
+        filter_prog_id(f, "node", "vh1", Hook::Egress),
+        filter_prog_id(f, "pod", "eth0", Hook::Egress),
+    ]
 }
 
 fn prog_id(f: &Fabric, name: &str) -> u32 {
@@ -224,13 +236,9 @@ fn restart_keeps_counters_links_and_traffic() {
         ingress_rate: Some(100_000_000),
         ..Limits::default()
     });
-    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
     assert_eq!(f.ping("pod", INTERNET, 10, 100, &[]), 10);
-    let dir = f.pin_root().join("pods").join(a.slot.to_string());
-    let links_before: Vec<u32> = ["host_ingress", "host_egress", "pod_egress"]
-        .iter()
-        .map(|l| link_prog_id(&dir.join(l)))
-        .collect();
+    let links_before = pod_prog_ids(&f);
 
     // Continuous pings while shaperd stops and starts again.
     let bg = BackgroundPing::start(&f, INTERNET, 300);
@@ -247,10 +255,7 @@ fn restart_keeps_counters_links_and_traffic() {
     let k = counter(&f, Direction::Egress, Class::Internet);
     assert_eq!(k.packets, 10 + sent, "counters continue across the restart");
     assert_eq!(k.bytes, 10 * PING_FRAME + sent * (14 + 20 + 8 + 56));
-    let links_after: Vec<u32> = ["host_ingress", "host_egress", "pod_egress"]
-        .iter()
-        .map(|l| link_prog_id(&dir.join(l)))
-        .collect();
+    let links_after = pod_prog_ids(&f);
     assert_eq!(
         links_before, links_after,
         "same programs: nothing was re-attached"
@@ -261,7 +266,7 @@ fn restart_keeps_counters_links_and_traffic() {
 }
 
 #[test]
-fn upgrade_switches_live_links_to_new_programs() {
+fn upgrade_switches_live_filters_to_new_programs() {
     if !require_root() {
         return;
     }
@@ -270,7 +275,8 @@ fn upgrade_switches_live_links_to_new_programs() {
     assert!(f.shaperd_once(&path).status.success());
     // Stand in for "the previous release": pin different code under an_host_ingress, a
     // separately loaded copy of the egress program (it classes on the source and counts as
-    // the ingress direction), using the same pinned maps.
+    // the ingress direction), and under an_pod_egress the uplink program (it picks no pod
+    // class), using the same pinned maps.
     let progs = f.pin_root().join("progs");
     let mut loader = EbpfLoader::new();
     let paths: Vec<(&str, std::path::PathBuf)> = maps::ALL
@@ -281,26 +287,25 @@ fn upgrade_switches_live_links_to_new_programs() {
         loader.map_pin_path(m, p.as_path());
     }
     let mut old = loader.load(DATAPATH_OBJECT).expect("load");
-    let prog: &mut SchedClassifier = old
-        .program_mut("an_host_egress")
-        .unwrap()
-        .try_into()
-        .unwrap();
-    prog.load().expect("verifier");
-    std::fs::remove_file(progs.join("an_host_ingress")).unwrap();
-    prog.pin(progs.join("an_host_ingress")).unwrap();
+    for (code, pin_as) in [
+        ("an_host_egress", "an_host_ingress"),
+        ("an_uplink", "an_pod_egress"),
+    ] {
+        let prog: &mut SchedClassifier = old.program_mut(code).unwrap().try_into().unwrap();
+        prog.load().expect("verifier");
+        std::fs::remove_file(progs.join(pin_as)).unwrap();
+        prog.pin(progs.join(pin_as)).unwrap();
+    }
     drop(old);
     let old_id = prog_id(&f, "an_host_ingress");
+    let old_pod_id = prog_id(&f, "an_pod_egress");
 
     let mut dp = f.open();
     let att = f.attachment(Limits::default());
-    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
-    let link = f
-        .pin_root()
-        .join("pods")
-        .join(a.slot.to_string())
-        .join("host_ingress");
-    assert_eq!(link_prog_id(&link), old_id);
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let egress_before = filter_prog_id(&f, "node", "vh1", Hook::Egress);
+    assert_eq!(filter_prog_id(&f, "node", "vh1", Hook::Ingress), old_id);
+    assert_eq!(filter_prog_id(&f, "pod", "eth0", Hook::Egress), old_pod_id);
     assert_eq!(f.ping("pod", INTERNET, 4, 100, &[]), 4);
     // The old code counted the pod's outgoing requests as ingress: wrong direction.
     assert_eq!(counter(&f, Direction::Egress, Class::Internet).packets, 0);
@@ -315,7 +320,8 @@ fn upgrade_switches_live_links_to_new_programs() {
     );
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(
-        log.contains("upgraded=[\"an_host_ingress\"]") && log.contains("relinked=1"),
+        log.contains("upgraded=[\"an_host_ingress\", \"an_pod_egress\"]")
+            && log.contains("relinked=2"),
         "{log}"
     );
     let (sent, received) = bg.finish();
@@ -324,9 +330,39 @@ fn upgrade_switches_live_links_to_new_programs() {
     let new_id = prog_id(&f, "an_host_ingress");
     assert_ne!(new_id, old_id);
     assert_eq!(
-        link_prog_id(&link),
+        filter_prog_id(&f, "node", "vh1", Hook::Ingress),
         new_id,
-        "the live link runs the new program"
+        "the live filter runs the new program"
+    );
+    assert_eq!(
+        filter_prog_id(&f, "pod", "eth0", Hook::Egress),
+        prog_id(&f, "an_pod_egress"),
+        "the pod-side filter runs the new program"
+    );
+    assert_ne!(prog_id(&f, "an_pod_egress"), old_pod_id);
+    assert_eq!(
+        filter_prog_id(&f, "node", "vh1", Hook::Egress),
+        egress_before,
+        "an unchanged program keeps its filter"
+    );
+    // The new pod program classes internet traffic into the 10 Mbit/s class again.
+    let internet_class = || {
+        aliasnet_shaper::netns::run_in(&f.ns_path("pod"), || {
+            let ifindex = nix::net::if_::if_nametoindex("eth0").expect("ifindex");
+            Rtnl::new()
+                .and_then(|mut rt| rt.class_stats(ifindex))
+                .expect("class stats")
+                .iter()
+                .find(|c| c.handle == abi::CLASSID_POD_INTERNET)
+                .map_or(0, |c| c.packets)
+        })
+        .expect("enter netns")
+    };
+    let before = internet_class();
+    assert_eq!(f.ping("pod", INTERNET, 3, 100, &[]), 3);
+    assert!(
+        internet_class() >= before + 3,
+        "internet pings go through class 1:10"
     );
     let before = counter(&f, Direction::Egress, Class::Internet).packets;
     assert_eq!(f.ping("pod", INTERNET, 5, 100, &[]), 5);

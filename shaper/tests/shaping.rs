@@ -5,7 +5,7 @@
 
 mod fabric;
 
-use aliasnet_shaper::Limits;
+use aliasnet_shaper::{abi, Limits};
 use fabric::*;
 
 const SECS: u32 = 3;
@@ -170,4 +170,137 @@ fn node_cap_limits_all_pods_internet_egress() {
     // Traffic the node itself sends to the internet is not the pods' and is not capped.
     assert_eq!(f.ping("node", INTERNET, 3, 100, &[]), 3);
     assert_eq!(dp.node_counters().unwrap().packets, capped.packets);
+}
+
+/// What one `iperf_json` run measured.
+struct Run {
+    mbps: f64,
+    retrans_pct: f64,
+    /// The sender's mean smoothed RTT of the flow.
+    flow_rtt_ms: f64,
+    ping_replies: u32,
+    ping_avg_ms: f64,
+}
+
+impl Run {
+    fn of(v: &serde_json::Value, ping: &str) -> Self {
+        let end = &v["end"];
+        let sent = end["sum_sent"]["bytes"].as_f64().expect("bytes sent");
+        let mss = v["start"]["tcp_mss_default"].as_f64().unwrap_or(1448.0);
+        let replies = ping
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(", ").collect();
+                (f.len() >= 2 && f[1].ends_with("received"))
+                    .then(|| f[1].split(' ').next()?.parse().ok())?
+            })
+            .unwrap_or(0);
+        let ping_avg_ms = ping
+            .lines()
+            .find(|l| l.starts_with("rtt"))
+            .and_then(|l| l.split(" = ").nth(1)?.split('/').nth(1)?.parse().ok())
+            .unwrap_or(f64::NAN);
+        Self {
+            mbps: end["sum_received"]["bits_per_second"]
+                .as_f64()
+                .expect("goodput")
+                / 1e6,
+            retrans_pct: 100.0 * end["sum_sent"]["retransmits"].as_f64().unwrap_or(0.0)
+                / (sent / mss),
+            flow_rtt_ms: end["streams"][0]["sender"]["mean_rtt"]
+                .as_f64()
+                .expect("mean_rtt")
+                / 1e3,
+            ping_replies: replies,
+            ping_avg_ms,
+        }
+    }
+}
+
+/// A drop-tail queue of 25 ms (what non-ECN traffic fills) is far above this.
+const SHORT_QUEUE_MS: f64 = 10.0;
+
+#[test]
+fn ecn_traffic_to_a_shaped_pod_is_marked_not_dropped() {
+    if !require_root() {
+        return;
+    }
+    let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
+    let mut dp = f.open();
+    let att = f.attachment(Limits {
+        ingress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    // The pod asks for ECN, the internet sender accepts it (Linux's default, tcp_ecn = 2).
+    f.exec("pod", &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+    let (v, ping) = f.iperf_json(
+        "inet",
+        "pod",
+        POD_IP,
+        Some(INTERNET),
+        5,
+        Some("cubic"),
+        INTERNET,
+    );
+    let r = Run::of(&v, &ping);
+    let q = f.vqueue(abi::vq_index(a.slot, abi::VQ_INGRESS));
+    eprintln!(
+        "internet -> pod, cubic + ECN: {:.2} Mbit/s, retransmits {:.2} %, flow RTT {:.1} ms, ping {:.2} ms, {} CE marks",
+        r.mbps, r.retrans_pct, r.flow_rtt_ms, r.ping_avg_ms, q.ce_marked
+    );
+    assert_near("internet -> pod (ingress limit)", r.mbps, 10.0);
+    assert!(q.ce_marked > 100, "the class was congested: {q:?}");
+    assert!(
+        r.retrans_pct < 1.0,
+        "ECN traffic lost {:.2} %",
+        r.retrans_pct
+    );
+    assert!(
+        r.flow_rtt_ms < SHORT_QUEUE_MS && r.ping_avg_ms < SHORT_QUEUE_MS,
+        "the queue stayed long: flow RTT {:.1} ms, ping {:.1} ms",
+        r.flow_rtt_ms,
+        r.ping_avg_ms
+    );
+}
+
+#[test]
+fn pod_egress_queue_stays_short_without_losses() {
+    if !require_root() {
+        return;
+    }
+    let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
+    let mut dp = f.open();
+    let att = f.attachment(Limits {
+        internet_egress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    // No ECN (Linux's default for connections it opens): the queue is kept short by
+    // dropping the local sender's segments before the qdisc, which it does not count as
+    // losses, and small packets still get through.
+    let secs = 5;
+    let (v, ping) = f.iperf_json("pod", "inet", INTERNET, None, secs, Some("cubic"), INTERNET);
+    let r = Run::of(&v, &ping);
+    let q = f.vqueue(abi::vq_index(a.slot, abi::VQ_INTERNET));
+    eprintln!(
+        "pod -> internet, cubic: {:.2} Mbit/s, retransmits {:.2} %, flow RTT {:.1} ms, ping {:.2} ms ({} replies), {} pod-side drops",
+        r.mbps, r.retrans_pct, r.flow_rtt_ms, r.ping_avg_ms, r.ping_replies, q.dropped
+    );
+    assert_near("pod -> internet (internet limit)", r.mbps, 10.0);
+    assert!(q.dropped > 0, "the class was congested: {q:?}");
+    assert_eq!(r.retrans_pct, 0.0, "pod-side drops are not losses");
+    assert!(
+        r.flow_rtt_ms < SHORT_QUEUE_MS && r.ping_avg_ms < SHORT_QUEUE_MS,
+        "the queue stayed long: flow RTT {:.1} ms, ping {:.1} ms",
+        r.flow_rtt_ms,
+        r.ping_avg_ms
+    );
+    // Pings every 0.1 s for secs - 2 s: a FIFO full of bulk data would refuse most.
+    let expected = (secs - 2) * 10;
+    assert!(
+        r.ping_replies >= expected * 9 / 10,
+        "{} of {expected} pings answered",
+        r.ping_replies
+    );
 }

@@ -613,13 +613,10 @@ fn del_check_and_gc_keep_the_maps_in_step() {
         out.error_msg()
     );
 
-    // DEL removes the pod's map entries and link pins.
-    let slot = record(n, &a).slot;
-    let pod_dir = n.shaper_paths.pin_root.join("pods").join(slot.to_string());
-    assert!(pod_dir.join("host_ingress").exists());
+    // DEL removes the pod's map entries; its filters and qdiscs go with the veth pair.
     n.del_pod(&a).expect_ok("DEL a");
     assert!(!attached(n).contains(&a.container_id));
-    assert!(!pod_dir.exists(), "{} left behind", pod_dir.display());
+    assert!(open(n).pod(&a.container_id, "eth0").unwrap().is_none());
     n.del_pod(&a).expect_ok("DEL a again");
     n.del_pod(&b).expect_ok("DEL b (already detached)");
     n.assert_clean();
@@ -647,21 +644,37 @@ fn a_failed_attach_rolls_back_everything() {
     if !require_root() {
         return;
     }
-    let f = fabric_with(DEFAULT_POLICY, "1.0.0");
+    let mut f = fabric_with(DEFAULT_POLICY, "1.0.0");
+    // The plugin needs only the pins; a shaperd starting meanwhile would re-pin the program.
+    f.node_mut(1).shaperd.as_mut().unwrap().stop().unwrap();
     let n = f.node(1);
-    // Make the first free slot's pin directory unusable: a pinned map sits where the pod's
-    // link directory goes (bpffs holds no regular files).
-    let slot_dir = n.shaper_paths.pin_root.join("pods/0");
+    // Make the host-egress program unusable: a pinned map sits where its pin goes, so the
+    // attach fails after the ingress filter (and the clsact qdisc) are in place.
+    let prog = n.shaper_paths.pin_root.join("progs/an_host_egress");
+    let saved = n.shaper_paths.pin_root.join("progs/an_host_egress_saved");
+    // Pin the program a second time (bpffs names cannot contain dots), then take the
+    // first pin away.
+    let bpftool_pin = |what: &str, from: &std::path::Path, to: &std::path::Path| {
+        let ok = std::process::Command::new("bpftool")
+            .args([what, "pin", "pinned"])
+            .arg(from)
+            .arg(to)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "bpftool {what} pin {}", to.display());
+    };
+    bpftool_pin("prog", &prog, &saved);
+    std::fs::remove_file(&prog).unwrap();
     let pinned = std::process::Command::new("bpftool")
         .args(["map", "pin", "pinned"])
         .arg(n.shaper_paths.pin_root.join("maps/an_config"))
-        .arg(&slot_dir)
+        .arg(&prog)
         .status()
         .unwrap();
     assert!(pinned.success(), "bpftool map pin");
 
     let Err((out, ns)) = add_with(&f, n, "fail", &n.plugin_config(None, None)) else {
-        panic!("ADD succeeded without a place for the pod's links");
+        panic!("ADD succeeded without a usable an_host_egress");
     };
     out.expect_code(110, "attach failure");
     assert!(
@@ -676,7 +689,9 @@ fn a_failed_attach_rolls_back_everything() {
     }
     assert_nothing_left(n, &ns, "failed attach");
 
-    std::fs::remove_file(&slot_dir).unwrap();
+    std::fs::remove_file(&prog).unwrap();
+    bpftool_pin("prog", &saved, &prog);
+    std::fs::remove_file(&saved).unwrap();
     let p = add_ok(&f, n, "after", None);
     assert_eq!(attached(n), std::slice::from_ref(&p.container_id));
     n.del_pod(&p).expect_ok("DEL");

@@ -1,42 +1,59 @@
 //! Binary records of the log and the snapshot.
 //!
 //! ```text
-//! file   := header record*
+//! file   := header record* zero*
 //! header := magic[8] version:u32 reserved:u32 generation:u64 crc:u32      (28 bytes)
 //! record := len:u32 crc:u32 payload[len]        crc = crc32(len bytes ++ payload)
-//! payload:= 1 Alloc   addr:u32 allocated_at_ms:u64 present:u8 key:str pool:str extra:str
-//!         | 2 Release addr:u32 released_at_ms:u64 key:str teardown:opt
+//! payload:= 5 Alloc   addr:u32 allocated_at_ms:u64 pool:str data:bytes
+//!         | 6 Release addr:u32 released_at_ms:u64 key:bytes teardown:opt
 //!         | 3 Cooling addr:u32 released_at_ms:u64 teardown:opt          (snapshot only)
 //!         | 4 End     leases:u64 cooling:u64                            (snapshot only, last)
-//! str    := len:u16 utf8[len]        opt := 0 | 1 str
+//!         | 1 Alloc (version 1) addr:u32 allocated_at_ms:u64 present:u8 key:str pool:str extra:str
+//!         | 2 Release (version 1) addr:u32 released_at_ms:u64 key:str teardown:opt
+//! str    := len:u16 utf8[len]     bytes := len:u16 byte[len]     opt := 0 | 1 str
 //! ```
-//! All integers little-endian. `key` is the packed attachment key and `extra` the packed
-//! optional fields of [`crate::lease`]. A hand-rolled format rather than JSON: replaying
-//! 200,000 leases must take well under the 300 ms restart budget.
+//! All integers little-endian. `data` and `key` are the compact encodings of
+//! [`crate::lease`] (what the daemon keeps in memory, so loading is a copy). Version 2 files
+//! are written with types 3-6 and logs are pre-allocated: a log ends at its first all-zero
+//! frame header, followed by zeros only. Version 1 files (types 1-4, packed `\0`-separated
+//! key strings) are still read. A hand-rolled format rather than JSON: replaying 200,000
+//! leases must take well under the 300 ms restart budget.
 
-use crate::lease::{extra_is_valid, packed_key_is_valid, validate_ifname};
+use crate::lease::{data_key_len, encode_data, key_is_valid, validate_ifname, HAS_ALL};
+use aliasnet_ipam_proto::{AttachmentKey, PodRef};
 
 pub const HEADER_LEN: usize = 28;
 pub const LOG_MAGIC: &[u8; 8] = b"ALNIPLOG";
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ALNIPSNP";
-/// Bump on any incompatible change of the layout above.
-pub const FORMAT_VERSION: u32 = 1;
+/// Written in new files. Bump on any incompatible change of the layout above.
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest version still read.
+pub const OLDEST_READABLE: u32 = 1;
 /// No legitimate record comes close; a larger length field is corruption.
 pub const MAX_RECORD: usize = 64 << 10;
+/// Bytes of a frame header (length + checksum).
+pub const FRAME_HEADER: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllocRec {
-    pub key: Box<str>,
+    /// Encoded key and optional fields ([`crate::lease`]).
+    pub data: Box<[u8]>,
+    pub key_len: u16,
     pub addr: u32,
     pub allocated_at_ms: u64,
     pub pool: Box<str>,
-    pub extra: Box<str>,
-    pub present: u8,
+}
+
+impl AllocRec {
+    pub fn key(&self) -> &[u8] {
+        &self.data[..usize::from(self.key_len)]
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseRec {
-    pub key: Box<str>,
+    /// Encoded key.
+    pub key: Box<[u8]>,
     pub addr: u32,
     pub released_at_ms: u64,
     /// Host link to delete; kept in the record so a teardown cut short by a crash is redone.
@@ -70,6 +87,11 @@ pub fn encode_header(out: &mut Vec<u8>, magic: &[u8; 8], generation: u64) {
 
 /// Check a header; returns the generation.
 pub fn decode_header(buf: &[u8], magic: &[u8; 8]) -> Result<u64, String> {
+    decode_header_version(buf, magic).map(|(g, _)| g)
+}
+
+/// Check a header; returns (generation, format version).
+pub fn decode_header_version(buf: &[u8], magic: &[u8; 8]) -> Result<(u64, u32), String> {
     if buf.len() < HEADER_LEN {
         return Err(format!(
             "file is {} bytes, shorter than its {HEADER_LEN}-byte header",
@@ -88,12 +110,15 @@ pub fn decode_header(buf: &[u8], magic: &[u8; 8]) -> Result<u64, String> {
         return Err("header checksum mismatch".into());
     }
     let version = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes"));
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READABLE..=FORMAT_VERSION).contains(&version) {
         return Err(format!(
-            "format version {version}, this daemon reads version {FORMAT_VERSION}"
+            "format version {version}, this daemon reads versions {OLDEST_READABLE} to {FORMAT_VERSION}"
         ));
     }
-    Ok(u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes")))
+    Ok((
+        u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes")),
+        version,
+    ))
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -101,6 +126,13 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     let len = u16::try_from(s.len()).expect("field length validated");
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(s.as_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    // Encoded keys and data are bounded by request validation (a few KiB).
+    let len = u16::try_from(b.len()).expect("field length validated");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(b);
 }
 
 fn put_opt(out: &mut Vec<u8>, s: Option<&str>) {
@@ -116,22 +148,20 @@ fn put_opt(out: &mut Vec<u8>, s: Option<&str>) {
 /// Append one framed record to `out`.
 pub fn encode(out: &mut Vec<u8>, rec: &Record) {
     let start = out.len();
-    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&[0; FRAME_HEADER]);
     match rec {
         Record::Alloc(a) => {
-            out.push(1);
+            out.push(5);
             out.extend_from_slice(&a.addr.to_le_bytes());
             out.extend_from_slice(&a.allocated_at_ms.to_le_bytes());
-            out.push(a.present);
-            put_str(out, &a.key);
             put_str(out, &a.pool);
-            put_str(out, &a.extra);
+            put_bytes(out, &a.data);
         }
         Record::Release(r) => {
-            out.push(2);
+            out.push(6);
             out.extend_from_slice(&r.addr.to_le_bytes());
             out.extend_from_slice(&r.released_at_ms.to_le_bytes());
-            put_str(out, &r.key);
+            put_bytes(out, &r.key);
             put_opt(out, r.teardown.as_deref());
         }
         Record::Cooling(c) => {
@@ -146,11 +176,16 @@ pub fn encode(out: &mut Vec<u8>, rec: &Record) {
             out.extend_from_slice(&cooling.to_le_bytes());
         }
     }
-    let len = u32::try_from(out.len() - start - 8).expect("record fits u32");
+    seal(out, start);
+}
+
+/// Fill in the length and checksum of the frame starting at `start` (payload already there).
+pub fn seal(out: &mut [u8], start: usize) {
+    let len = u32::try_from(out.len() - start - FRAME_HEADER).expect("record fits u32");
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     let mut h = crc32fast::Hasher::new();
     h.update(&len.to_le_bytes());
-    h.update(&out[start + 8..]);
+    h.update(&out[start + FRAME_HEADER..]);
     let crc = h.finalize();
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
@@ -168,28 +203,113 @@ pub enum Frame {
 
 /// Read the frame at the start of `buf`.
 pub fn read_frame(buf: &[u8]) -> Frame {
+    match check_frame(buf) {
+        Ok(len) => match decode_payload(&buf[FRAME_HEADER..FRAME_HEADER + len]) {
+            Ok(r) => Frame::Ok(r, FRAME_HEADER + len),
+            Err(e) => Frame::Bad(e),
+        },
+        Err(f) => f,
+    }
+}
+
+/// Check the length and checksum of the frame at the start of `buf`; returns the payload
+/// length (the payload is not decoded).
+pub fn check_frame(buf: &[u8]) -> Result<usize, Frame> {
     if buf.len() < 8 {
-        return Frame::Incomplete;
+        return Err(Frame::Incomplete);
     }
     let len = u32::from_le_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
     if len == 0 || len > MAX_RECORD {
-        return Frame::Bad(format!("record length {len} out of range"));
+        return Err(Frame::Bad(format!("record length {len} out of range")));
     }
     if buf.len() < 8 + len {
-        return Frame::Incomplete;
+        return Err(Frame::Incomplete);
     }
-    let payload = &buf[8..8 + len];
     let mut h = crc32fast::Hasher::new();
     h.update(&buf[0..4]);
-    h.update(payload);
+    h.update(&buf[8..8 + len]);
     if h.finalize() != crc {
-        return Frame::Bad("record checksum mismatch".into());
+        return Err(Frame::Bad("record checksum mismatch".into()));
     }
-    match decode_payload(payload) {
-        Ok(r) => Frame::Ok(r, 8 + len),
-        Err(e) => Frame::Bad(e),
+    Ok(len)
+}
+
+/// A version-2 alloc payload (type 5), borrowed.
+pub struct AllocView<'a> {
+    pub addr: u32,
+    pub allocated_at_ms: u64,
+    pub pool: &'a str,
+    pub data: &'a [u8],
+    pub key_len: u16,
+}
+
+/// Parse a version-2 alloc payload without copying (loading 200,000 leases then costs one
+/// allocation each); `None` for any other record type, `Some(Err)` when it is malformed.
+pub fn view_alloc(p: &[u8]) -> Option<Result<AllocView<'_>, String>> {
+    if p.first() != Some(&5) {
+        return None;
     }
+    let mut c = Cursor(&p[1..]);
+    Some((|| {
+        let addr = c.u32()?;
+        let allocated_at_ms = c.u64()?;
+        let pool =
+            std::str::from_utf8(c.bytes()?).map_err(|_| "record string is not UTF-8".to_owned())?;
+        let data = c.bytes()?;
+        if !c.0.is_empty() {
+            return Err("trailing bytes in record".to_owned());
+        }
+        let key_len =
+            data_key_len(data).ok_or("alloc record with a malformed key or pod fields")?;
+        Ok(AllocView {
+            addr,
+            allocated_at_ms,
+            pool,
+            data,
+            key_len,
+        })
+    })())
+}
+
+/// Address and encoded key of a version-2 alloc payload (type 5), without copying; `None`
+/// for any other record or a malformed one.
+pub fn peek_alloc(p: &[u8]) -> Option<(u32, &[u8])> {
+    let mut c = Cursor(p);
+    if c.u8().ok()? != 5 {
+        return None;
+    }
+    let addr = c.u32().ok()?;
+    c.u64().ok()?;
+    let pool_len = u16::from_le_bytes(c.take(2).ok()?.try_into().ok()?) as usize;
+    c.take(pool_len).ok()?;
+    let data = c.bytes().ok()?;
+    if !c.0.is_empty() {
+        return None;
+    }
+    let key_len = usize::from(data_key_len(data)?);
+    Some((addr, &data[..key_len]))
+}
+
+/// A version-2 release payload (type 6) without copying: (address, release time, encoded key,
+/// link to tear down); `None` for any other record or a malformed one.
+pub fn peek_release(p: &[u8]) -> Option<(u32, u64, &[u8], Option<&str>)> {
+    let mut c = Cursor(p);
+    if c.u8().ok()? != 6 {
+        return None;
+    }
+    let addr = c.u32().ok()?;
+    let at = c.u64().ok()?;
+    let key = c.bytes().ok()?;
+    let teardown = match c.u8().ok()? {
+        0 => None,
+        1 => Some(std::str::from_utf8(c.bytes().ok()?).ok()?),
+        _ => return None,
+    };
+    if !c.0.is_empty() || !key_is_valid(key) || check_link(teardown).is_err() {
+        return None;
+    }
+    Some((addr, at, key, teardown))
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -219,6 +339,10 @@ impl<'a> Cursor<'a> {
             .map(Into::into)
             .map_err(|_| "record string is not UTF-8".to_owned())
     }
+    fn bytes(&mut self) -> Result<&'a [u8], String> {
+        let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2")) as usize;
+        self.take(len)
+    }
     fn opt(&mut self) -> Result<Option<Box<str>>, String> {
         match self.u8()? {
             0 => Ok(None),
@@ -228,39 +352,93 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn decode_payload(p: &[u8]) -> Result<Record, String> {
+/// Split a version-1 packed key (`network\0container\0ifname`).
+fn v1_key(packed: &str) -> Result<AttachmentKey, String> {
+    let parts: Vec<&str> = packed.split('\0').collect();
+    match parts.as_slice() {
+        [n, c, i] if !n.is_empty() && !c.is_empty() && !i.is_empty() => {
+            Ok(AttachmentKey::new(n, c, i))
+        }
+        _ => Err("record with a malformed key".into()),
+    }
+}
+
+pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(p);
     let rec = match c.u8()? {
+        5 => {
+            let addr = c.u32()?;
+            let allocated_at_ms = c.u64()?;
+            let pool = c.str()?;
+            let data = c.bytes()?;
+            let key_len =
+                data_key_len(data).ok_or("alloc record with a malformed key or pod fields")?;
+            Record::Alloc(AllocRec {
+                data: data.into(),
+                key_len,
+                addr,
+                allocated_at_ms,
+                pool,
+            })
+        }
+        6 => {
+            let addr = c.u32()?;
+            let released_at_ms = c.u64()?;
+            let key = c.bytes()?;
+            let teardown = c.opt()?;
+            if !key_is_valid(key) {
+                return Err("release record with a malformed key".into());
+            }
+            check_link(teardown.as_deref())?;
+            Record::Release(ReleaseRec {
+                key: key.into(),
+                addr,
+                released_at_ms,
+                teardown,
+            })
+        }
         1 => {
             let addr = c.u32()?;
             let allocated_at_ms = c.u64()?;
             let present = c.u8()?;
-            let key = c.str()?;
+            let key = v1_key(&c.str()?)?;
             let pool = c.str()?;
             let extra = c.str()?;
-            if !packed_key_is_valid(&key) || !extra_is_valid(&extra, present) {
-                return Err("alloc record with a malformed key or pod fields".into());
+            let fields: Vec<&str> = extra.split('\0').collect();
+            if present & !HAS_ALL != 0
+                || fields.len() != present.count_ones() as usize + 1
+                || fields.last() != Some(&"")
+            {
+                return Err("alloc record with malformed pod fields".into());
             }
+            let mut it = fields.into_iter();
+            let mut take = |bit: u8| (present & bit != 0).then(|| it.next()).flatten();
+            let namespace = take(crate::lease::HAS_NAMESPACE).map(str::to_owned);
+            let name = take(crate::lease::HAS_NAME).map(str::to_owned);
+            let uid = take(crate::lease::HAS_UID).map(str::to_owned);
+            let veth = take(crate::lease::HAS_VETH);
+            let pod = PodRef {
+                namespace,
+                name,
+                uid,
+            };
+            let (data, key_len) = encode_data(&key, &pod, veth);
             Record::Alloc(AllocRec {
-                key,
+                data,
+                key_len,
                 addr,
                 allocated_at_ms,
                 pool,
-                extra,
-                present,
             })
         }
         2 => {
             let addr = c.u32()?;
             let released_at_ms = c.u64()?;
-            let key = c.str()?;
+            let key = v1_key(&c.str()?)?;
             let teardown = c.opt()?;
-            if !packed_key_is_valid(&key) {
-                return Err("release record with a malformed key".into());
-            }
             check_link(teardown.as_deref())?;
             Record::Release(ReleaseRec {
-                key,
+                key: crate::lease::encode_key(&key).into(),
                 addr,
                 released_at_ms,
                 teardown,
@@ -296,22 +474,78 @@ fn check_link(l: Option<&str>) -> Result<(), String> {
     }
 }
 
+/// Phase-1 (version 1) encodings, to test upgrades.
+#[cfg(test)]
+pub(crate) mod v1 {
+    use super::*;
+
+    pub fn header(magic: &[u8; 8], generation: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(magic);
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&generation.to_le_bytes());
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn frame(out: &mut Vec<u8>, payload: &[u8]) {
+        let start = out.len();
+        out.extend_from_slice(&[0; FRAME_HEADER]);
+        out.extend_from_slice(payload);
+        seal(out, start);
+    }
+
+    pub fn alloc(
+        out: &mut Vec<u8>,
+        packed_key: &str,
+        addr: u32,
+        at: u64,
+        extra: &str,
+        present: u8,
+    ) {
+        let mut p = vec![1u8];
+        p.extend_from_slice(&addr.to_le_bytes());
+        p.extend_from_slice(&at.to_le_bytes());
+        p.push(present);
+        put_str(&mut p, packed_key);
+        put_str(&mut p, "p");
+        put_str(&mut p, extra);
+        frame(out, &p);
+    }
+
+    pub fn release(out: &mut Vec<u8>, packed_key: &str, addr: u32, at: u64) {
+        let mut p = vec![2u8];
+        p.extend_from_slice(&addr.to_le_bytes());
+        p.extend_from_slice(&at.to_le_bytes());
+        put_str(&mut p, packed_key);
+        put_opt(&mut p, None);
+        frame(out, &p);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn samples() -> Vec<Record> {
+        let key = AttachmentKey::new("n", "c", "eth0");
+        let pod = PodRef {
+            namespace: Some("ns".into()),
+            ..PodRef::default()
+        };
+        let (data, key_len) = encode_data(&key, &pod, Some("ali1"));
         vec![
             Record::Alloc(AllocRec {
-                key: "n\0c\0eth0".into(),
+                data,
+                key_len,
                 addr: 0x0a00_0001,
                 allocated_at_ms: 123,
                 pool: "p".into(),
-                extra: "ns\0ali1\0".into(),
-                present: crate::lease::HAS_NAMESPACE | crate::lease::HAS_VETH,
             }),
             Record::Release(ReleaseRec {
-                key: "n\0c\0eth0".into(),
+                key: crate::lease::encode_key(&key).into(),
                 addr: 0x0a00_0001,
                 released_at_ms: 456,
                 teardown: Some("ali1".into()),
@@ -326,6 +560,44 @@ mod tests {
                 cooling: 2,
             },
         ]
+    }
+
+    /// A version-1 record as phase 1 wrote it.
+    fn v1_frame(payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; FRAME_HEADER];
+        out.extend_from_slice(payload);
+        seal(&mut out, 0);
+        out
+    }
+
+    #[test]
+    fn version_1_records_are_read() {
+        let mut p = vec![1u8];
+        p.extend_from_slice(&0x0a00_0001u32.to_le_bytes());
+        p.extend_from_slice(&123u64.to_le_bytes());
+        p.push(crate::lease::HAS_NAMESPACE | crate::lease::HAS_VETH);
+        put_str(&mut p, "n\0c\0eth0");
+        put_str(&mut p, "p");
+        put_str(&mut p, "ns\0ali1\0");
+        let Frame::Ok(rec, _) = read_frame(&v1_frame(&p)) else {
+            panic!()
+        };
+        assert_eq!(rec, samples()[0]);
+        let mut p = vec![2u8];
+        p.extend_from_slice(&0x0a00_0001u32.to_le_bytes());
+        p.extend_from_slice(&456u64.to_le_bytes());
+        put_str(&mut p, "n\0c\0eth0");
+        put_opt(&mut p, Some("ali1"));
+        let Frame::Ok(rec, _) = read_frame(&v1_frame(&p)) else {
+            panic!()
+        };
+        assert_eq!(rec, samples()[1]);
+        // A malformed v1 key is refused.
+        let mut p = vec![2u8];
+        p.extend_from_slice(&[0; 12]);
+        put_str(&mut p, "n\0c");
+        put_opt(&mut p, None);
+        assert!(matches!(read_frame(&v1_frame(&p)), Frame::Bad(_)));
     }
 
     #[test]
@@ -370,9 +642,9 @@ mod tests {
         assert_eq!(h.len(), HEADER_LEN);
         assert_eq!(decode_header(&h, LOG_MAGIC).unwrap(), 42);
         assert!(decode_header(&h, SNAPSHOT_MAGIC).is_err());
-        let mut v2 = h.clone();
-        v2[8] = 2;
-        assert!(decode_header(&v2, LOG_MAGIC).is_err());
+        let mut v9 = h.clone();
+        v9[8] = 9;
+        assert!(decode_header(&v9, LOG_MAGIC).is_err());
         assert!(decode_header(&h[..10], LOG_MAGIC).is_err());
     }
 }

@@ -11,19 +11,33 @@ use std::{
 use aliasnet_ipam::{
     config::Config,
     daemon::Daemon,
-    teardown::{LinkRemover, RemoveFuture, Removed},
+    teardown::{LinkInfo, LinkRemover, ListFuture, RemoveFuture, Removed},
 };
 use aliasnet_ipam_proto::{AttachmentKey, Client, ClientError, Lease, PodRef, Request, Response};
 
 /// Records link deletions instead of touching any interface; optionally slow, like the kernel.
+/// With `links` set it also plays the kernel's link list (a deleted link leaves it).
 #[derive(Default)]
 pub struct Recorder {
     /// (link, when its deletion finished)
     pub removed: Mutex<Vec<(String, Instant)>>,
     pub delay: Duration,
+    pub links: Mutex<Option<Vec<String>>>,
 }
 
 impl Recorder {
+    /// A recorder whose link list starts as `links` (all veths).
+    pub fn with_links(links: &[&str]) -> Self {
+        Self {
+            links: Mutex::new(Some(links.iter().map(|s| (*s).to_owned()).collect())),
+            ..Self::default()
+        }
+    }
+
+    pub fn set_links(&self, links: &[&str]) {
+        *self.links.lock().unwrap() = Some(links.iter().map(|s| (*s).to_owned()).collect());
+    }
+
     pub fn names(&self) -> Vec<String> {
         self.removed
             .lock()
@@ -35,9 +49,27 @@ impl Recorder {
 }
 
 impl LinkRemover for Recorder {
+    fn list(&self) -> ListFuture<'_> {
+        Box::pin(async move {
+            match &*self.links.lock().unwrap() {
+                Some(l) => Ok(l
+                    .iter()
+                    .map(|n| LinkInfo {
+                        name: n.clone(),
+                        kind: Some("veth".into()),
+                    })
+                    .collect()),
+                None => Err("this recorder does not list links".into()),
+            }
+        })
+    }
+
     fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a> {
         Box::pin(async move {
             tokio::time::sleep(self.delay).await;
+            if let Some(l) = &mut *self.links.lock().unwrap() {
+                l.retain(|n| n != name);
+            }
             self.removed
                 .lock()
                 .unwrap()
@@ -58,9 +90,15 @@ impl Env {
     pub fn new(top: &str, pool: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().display();
+        // Tests run in parallel: an ephemeral metrics port unless the test picks one.
+        let metrics = if top.contains("metrics_address") {
+            ""
+        } else {
+            "metrics_address = \"127.0.0.1:0\"\n"
+        };
         let text = format!(
             "socket = \"{d}/run/ipamd.sock\"\nstate_dir = \"{d}/state\"\nspool_dir = \"{d}/spool\"\n\
-             {top}\n[[pool]]\nname = \"secondary\"\nsource = \"static\"\n{pool}\n"
+             {metrics}{top}\n[[pool]]\nname = \"secondary\"\nsource = \"static\"\n{pool}\n"
         );
         let path = dir.path().join("ipamd.toml");
         std::fs::write(&path, &text).unwrap();
@@ -126,4 +164,75 @@ pub async fn list(socket: &Path) -> Vec<Lease> {
         Ok(Response::Leases { leases }) => leases,
         other => panic!("list: {other:?}"),
     }
+}
+
+/// Stats of the daemon at `socket`.
+pub async fn stats(
+    socket: &Path,
+) -> (
+    Vec<aliasnet_ipam_proto::PoolStats>,
+    aliasnet_ipam_proto::ReconcileStats,
+) {
+    match call(socket, Request::Stats).await {
+        Ok(Response::Stats { pools, reconcile }) => (pools, reconcile),
+        other => panic!("stats: {other:?}"),
+    }
+}
+
+/// Poll `f` every 20 ms until it returns `Some`, for at most `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A plain HTTP/1.1 request to `addr`; returns (status, body). `raw` is sent as is.
+pub fn http(addr: std::net::SocketAddr, raw: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// GET /metrics from the daemon's endpoint.
+pub fn scrape(addr: std::net::SocketAddr) -> String {
+    let (status, body) = http(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the sample `series` (name and labels exactly as exposed) in `text`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }

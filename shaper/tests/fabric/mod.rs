@@ -444,6 +444,75 @@ impl Fabric {
             / 1e6
     }
 
+    /// iperf3 from `sender` to a server in `receiver` on `dst` (client bound to `bind`),
+    /// with congestion control `cc`, and `ping`s from the pod to `dst_ping` every 0.1 s
+    /// meanwhile; returns the client's JSON report and the ping output.
+    pub fn iperf_json(
+        &self,
+        sender: &str,
+        receiver: &str,
+        dst: &str,
+        bind: Option<&str>,
+        secs: u32,
+        cc: Option<&str>,
+        ping_dst: &str,
+    ) -> (serde_json::Value, String) {
+        let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &self.ns(receiver)])
+            .args(["iperf3", "-s", "-1", "-B", dst, "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("iperf3 server");
+        std::thread::sleep(Duration::from_millis(300));
+        let ping_ns = self.ns("pod");
+        let ping_dst = ping_dst.to_owned();
+        let w = secs.saturating_sub(2).max(1).to_string();
+        let ping = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            Command::new("ip")
+                .args(["netns", "exec", &ping_ns])
+                .args(["ping", "-n", "-q", "-i", "0.1", "-w", &w, &ping_dst])
+                .output()
+                .expect("ping")
+        });
+        let t = secs.to_string();
+        let mut args = vec!["iperf3", "-J", "-c", dst, "-p", &port, "-t", &t];
+        if let Some(b) = bind {
+            args.extend(["-B", b]);
+        }
+        if let Some(c) = cc {
+            args.extend(["-C", c]);
+        }
+        let out = self.try_exec(sender, &args);
+        let _ = server.kill();
+        let _ = server.wait();
+        let ping = ping.join().expect("ping thread");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "iperf3 output: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        assert!(v["error"].is_null(), "iperf3: {}", v["error"]);
+        (v, String::from_utf8_lossy(&ping.stdout).into_owned())
+    }
+
+    /// The programs' queue model of one class (`an_vqueue`), read from the pins.
+    pub fn vqueue(&self, idx: u32) -> aliasnet_shaper::abi::VQueue {
+        use aya::maps::{Array, Map, MapData};
+        let path = self
+            .pin_root()
+            .join("maps")
+            .join(aliasnet_ebpf::maps::VQUEUE);
+        let m: Array<MapData, aliasnet_shaper::abi::VQueue> = Array::try_from(Map::Array(
+            MapData::from_pin(path).expect("open an_vqueue pin"),
+        ))
+        .expect("an_vqueue");
+        m.get(&idx, 0).expect("read an_vqueue")
+    }
+
     /// `tc -s -j class show` parsed.
     pub fn tc_json(&self, role: &str, what: &str, dev: &str) -> serde_json::Value {
         let out = self.exec(role, &["tc", "-s", "-j", what, "show", "dev", dev]);

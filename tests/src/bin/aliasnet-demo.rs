@@ -40,6 +40,48 @@ fn print_pod(node: &Node, p: &Pod) {
     }
 }
 
+/// A pod whose internet egress is limited through the pod-annotations capability.
+fn shaped_pod(node: &Node, name: &str, rate: &str) -> Result<Pod> {
+    let ns = Netns::new(&format!("{}-{name}", node.ns.name))?;
+    let cid = format!("demo-{name}");
+    let mut conf = node.plugin_config(None, None);
+    conf["capabilities"] = serde_json::json!({"io.kubernetes.cri.pod-annotations": true});
+    conf["runtimeConfig"] = serde_json::json!({
+        "io.kubernetes.cri.pod-annotations": {"aliasnet.io/internet-egress-bandwidth": rate}
+    });
+    let inv = aliasnet_tests::cni::Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
+        .args(&Node::k8s_args(name, &cid));
+    let result = node
+        .cni(&inv, &conf)
+        .expect_ok("ADD shaped pod")
+        .ok_or_else(|| anyhow::anyhow!("ADD printed nothing"))?;
+    let ip = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no address in {result}"))?;
+    Ok(Pod {
+        ns,
+        name: name.into(),
+        container_id: cid,
+        ifname: "eth0".into(),
+        ip,
+        result,
+    })
+}
+
+/// iperf3 TCP for 3 s from `ns` to `dst`; received bits per second.
+fn iperf(ns: &Netns, dst: std::net::Ipv4Addr) -> Result<f64> {
+    let out = ns.exec(
+        "iperf3",
+        &["-c", &dst.to_string(), "-p", "5201", "-t", "3", "-J"],
+    )?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| anyhow::anyhow!("no iperf3 result"))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if !nix::unistd::geteuid().is_root() {
@@ -110,6 +152,74 @@ fn main() -> Result<()> {
         &format!("web -> internet {INTERNET_IP2}"),
         p(0).ping(INTERNET_IP2, &[]),
     );
+
+    println!("== shaping: pod 'download' on node2 with aliasnet.io/internet-egress-bandwidth=10M");
+    let dl = shaped_pod(n2, "download", "10M")?;
+    let mut srv_inet = fabric
+        .internet
+        .command("iperf3")
+        .args(["-s", "-p", "5201"])
+        .spawn()?;
+    let mut srv_peer = p(2)
+        .ns
+        .command("iperf3")
+        .args(["-s", "-p", "5201"])
+        .spawn()?;
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let to_inet = iperf(&dl.ns, INTERNET_IP)?;
+    let to_peer = iperf(&dl.ns, p(2).ip)?;
+    println!(
+        "  download -> internet {INTERNET_IP}: {:>8.1} Mbit/s (limited to 10M)",
+        to_inet / 1e6
+    );
+    println!(
+        "  download -> mpi-1 {} (internal): {:>8.1} Mbit/s (unshaped)",
+        p(2).ip,
+        to_peer / 1e6
+    );
+    check(
+        "internet egress held near 10 Mbit/s",
+        to_inet < 11e6 && to_inet > 8e6,
+    );
+    check(
+        "internal traffic not shaped (>= 10x the internet limit)",
+        to_peer > 100e6,
+    );
+
+    println!("== metrics and CLI on node2");
+    let ctl = n2
+        .ns
+        .command(aliasnet_tests::bin("aliasnetctl"))
+        .arg("--socket")
+        .arg(&n2.ipamd_paths.socket)
+        .arg("--pin-root")
+        .arg(&n2.shaper_paths.pin_root)
+        .arg("pods")
+        .output()?;
+    for line in String::from_utf8_lossy(&ctl.stdout).lines() {
+        println!("  {line}");
+    }
+    let scrape = n2
+        .ns
+        .command("curl")
+        .args(["-sf", "http://127.0.0.1:9546/metrics"])
+        .output()?;
+    let text = String::from_utf8_lossy(&scrape.stdout);
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("aliasnet_node_bytes_total"))
+    {
+        println!("  {line}");
+    }
+    check(
+        "shaperd /metrics answers",
+        scrape.status.success() && text.contains("aliasnet_pod_bytes_total"),
+    );
+    for srv in [&mut srv_inet, &mut srv_peer] {
+        let _ = srv.kill();
+        let _ = srv.wait();
+    }
+    n2.del_pod(&dl).expect_ok("DEL download");
 
     println!("== IPAM leases");
     for node in [n1, n2] {

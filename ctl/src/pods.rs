@@ -1,0 +1,185 @@
+//! `aliasnetctl pods`: every attached pod with its limits and counters per class.
+
+use aliasnet_shaper::{
+    abi::{Class, Direction},
+    PodRecord,
+};
+use serde::Serialize;
+
+use crate::{
+    daemons,
+    output::{print, print_json, rate, si, Table},
+    Global,
+};
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Count {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// Counters of one direction, per class.
+#[derive(Debug, Clone, Serialize)]
+pub struct ByClass {
+    pub internal: Count,
+    pub internet: Count,
+    pub blocked: Count,
+    pub other: Count,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Limits {
+    /// bit/s; `null` = unlimited.
+    pub ingress: Option<u64>,
+    pub egress: Option<u64>,
+    pub internet_egress: Option<u64>,
+    /// The internet limit follows node policy (no pod annotation).
+    pub internet_from_policy: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Drops {
+    /// Blocked by policy (both directions).
+    pub blocked: u64,
+    /// Dropped by the shaping queues; `null` when they could not be read.
+    pub rate_ingress: Option<u64>,
+    pub rate_egress: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub pod: String,
+    pub ip: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub host_veth: String,
+    pub netns: String,
+    pub slot: u32,
+    pub limits: Limits,
+    pub egress: ByClass,
+    pub ingress: ByClass,
+    pub drops: Drops,
+}
+
+fn by_class(r: &PodRecord, d: Direction) -> ByClass {
+    let c = |cl| {
+        let v = r.counters.get(d, cl);
+        Count {
+            packets: v.packets,
+            bytes: v.bytes,
+        }
+    };
+    ByClass {
+        internal: c(Class::Internal),
+        internet: c(Class::Internet),
+        blocked: c(Class::Blocked),
+        other: c(Class::Other),
+    }
+}
+
+pub fn pod_of(dp: &aliasnet_shaper::Datapath, r: &PodRecord, with_qdiscs: bool) -> Pod {
+    let nz = |v: u64| (v != 0).then_some(v);
+    let stats = if with_qdiscs {
+        dp.shaping_stats(r).ok()
+    } else {
+        None
+    };
+    let m = &r.meta;
+    let egress_shaped = m.egress_rate != 0 || m.internet_egress_rate != 0;
+    Pod {
+        namespace: r.namespace(),
+        pod: r.name(),
+        ip: r.ip().to_string(),
+        container_id: r.container_id(),
+        ifname: r.ifname(),
+        host_veth: r.host_ifname(),
+        netns: aliasnet_shaper::abi::cstr(&m.netns),
+        slot: r.slot,
+        limits: Limits {
+            ingress: nz(m.ingress_rate),
+            egress: nz(m.egress_rate),
+            internet_egress: nz(m.internet_egress_rate),
+            internet_from_policy: m.flags & aliasnet_shaper::abi::META_INTERNET_FROM_POLICY != 0,
+        },
+        egress: by_class(r, Direction::Egress),
+        ingress: by_class(r, Direction::Ingress),
+        drops: Drops {
+            blocked: r.counters.get(Direction::Egress, Class::Blocked).packets
+                + r.counters.get(Direction::Ingress, Class::Blocked).packets,
+            rate_ingress: match (&stats, m.ingress_rate != 0) {
+                (_, false) => Some(0),
+                (Some(s), true) => Some(s.ingress.map_or(0, |q| q.drops)),
+                (None, true) => None,
+            },
+            rate_egress: match (&stats, egress_shaped) {
+                (_, false) => Some(0),
+                (Some(s), true) => Some(
+                    s.internet_egress.map_or(0, |q| q.drops)
+                        + s.other_egress.map_or(0, |q| q.drops),
+                ),
+                (None, true) => None,
+            },
+        },
+    }
+}
+
+pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
+    let dp = daemons::open_datapath(&g.pin_root)?;
+    let records = dp
+        .pods()
+        .map_err(|e| anyhow::anyhow!("reading pod records under {}: {e}", g.pin_root.display()))?;
+    let mut pods: Vec<Pod> = records
+        .iter()
+        .filter(|r| namespace.is_none_or(|n| r.namespace() == n))
+        .map(|r| pod_of(&dp, r, true))
+        .collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
+    if g.json {
+        print_json(&pods);
+        return Ok(0);
+    }
+    if pods.is_empty() {
+        print("no pods attached\n");
+        return Ok(0);
+    }
+    let mut t = Table::new(&[
+        "POD",
+        "IP",
+        "LIMIT IN",
+        "LIMIT OUT",
+        "LIMIT INET OUT",
+        "OUT INTERNAL>",
+        "OUT INTERNET>",
+        "IN INTERNAL>",
+        "IN INTERNET>",
+        "BLOCKED PKTS>",
+        "RATE DROPS>",
+    ]);
+    let b = |c: Count| format!("{}B", si(c.bytes as f64));
+    for p in &pods {
+        let inet = match (p.limits.internet_egress, p.limits.internet_from_policy) {
+            (Some(r), true) => format!("{} (policy)", rate(Some(r))),
+            (r, _) => rate(r),
+        };
+        let drops = match (p.drops.rate_ingress, p.drops.rate_egress) {
+            (Some(i), Some(e)) => (i + e).to_string(),
+            _ => "?".into(),
+        };
+        t.row(vec![
+            format!("{}/{}", p.namespace, p.pod),
+            p.ip.clone(),
+            rate(p.limits.ingress),
+            rate(p.limits.egress),
+            inet,
+            b(p.egress.internal),
+            b(p.egress.internet),
+            b(p.ingress.internal),
+            b(p.ingress.internet),
+            p.drops.blocked.to_string(),
+            drops,
+        ]);
+    }
+    print(&t.render());
+    Ok(0)
+}

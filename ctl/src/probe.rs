@@ -1,0 +1,239 @@
+//! Kernel feature probes and per-pod program checks. Probes act, not guess: tcx is a real
+//! BPF_PROG_QUERY, fq a real qdisc creation inside a throwaway network namespace.
+
+use std::{
+    fs::File,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
+};
+
+use aliasnet_ebpf::programs;
+use aliasnet_shaper::{abi, PodRecord};
+use aya::programs::{tc::TcAttachType, SchedClassifier};
+use serde::Serialize;
+
+use crate::nl::Rtnl;
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// One probed kernel feature.
+#[derive(Debug, Clone, Serialize)]
+pub struct Feature {
+    pub name: &'static str,
+    /// `None` when the probe itself could not run.
+    pub available: Option<bool>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Kernel {
+    pub release: String,
+    pub features: Vec<Feature>,
+}
+
+fn is_bpffs(path: &Path) -> Option<bool> {
+    nix::sys::statfs::statfs(path)
+        .ok()
+        .map(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
+fn errno_name(e: &std::io::Error) -> String {
+    e.raw_os_error()
+        .map(|n| format!("{:?}", nix::errno::Errno::from_raw(n)))
+        .unwrap_or_else(|| format!("{:?}", e.kind()))
+}
+
+/// Tries `kind` as a qdisc on `lo` of a namespace created for the probe; the namespace (and
+/// the qdisc) vanish when the probing thread exits.
+fn qdisc_kind_available(kind: &'static str, why: &'static str) -> Feature {
+    let res = std::thread::spawn(move || -> Result<(), String> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("cannot create a probe namespace: {e}"))?;
+        let mut rt = Rtnl::new().map_err(|e| format!("netlink: {}", errno_name(&e)))?;
+        rt.add_qdisc(1, kind).map_err(|e| errno_name(&e))
+    })
+    .join()
+    .unwrap_or_else(|_| Err("probe thread panicked".to_owned()));
+    match res {
+        Ok(()) => Feature {
+            name: kind,
+            available: Some(true),
+            detail: format!("sch_{kind} present"),
+        },
+        Err(e) if e.contains("EPERM") || e.contains("probe namespace") => Feature {
+            name: kind,
+            available: None,
+            detail: format!("not probed: {e} (run as root)"),
+        },
+        Err(e) => Feature {
+            name: kind,
+            available: Some(false),
+            detail: format!("the kernel has no sch_{kind} (creating one fails with {e}): {why}"),
+        },
+    }
+}
+
+/// Probes what the datapath relies on.
+pub fn kernel() -> Kernel {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let mut features = Vec::new();
+    let bpf = Path::new("/sys/fs/bpf");
+    features.push(match is_bpffs(bpf) {
+        Some(true) => Feature {
+            name: "bpffs",
+            available: Some(true),
+            detail: "mounted on /sys/fs/bpf".into(),
+        },
+        Some(false) => Feature {
+            name: "bpffs",
+            available: Some(false),
+            detail: "/sys/fs/bpf is not a bpf filesystem: aliasnet-shaperd mounts it, or run `mount -t bpf bpf /sys/fs/bpf`".into(),
+        },
+        None => Feature {
+            name: "bpffs",
+            available: Some(false),
+            detail: "/sys/fs/bpf does not exist (is /sys mounted?)".into(),
+        },
+    });
+    features.push(
+        match SchedClassifier::query_tcx("lo", TcAttachType::Ingress) {
+            Ok(_) => Feature {
+                name: "tcx",
+                available: Some(true),
+                detail: "BPF_PROG_QUERY on tcx_ingress works (kernel >= 6.6)".into(),
+            },
+            Err(e) => {
+                let text = e.to_string();
+                let perm = std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                if text.contains("EPERM") || perm.contains("Operation not permitted") {
+                    Feature {
+                        name: "tcx",
+                        available: None,
+                        detail: "not probed: permission denied (run as root)".into(),
+                    }
+                } else {
+                    Feature {
+                        name: "tcx",
+                        available: Some(false),
+                        detail: format!(
+                        "tcx query failed ({text}): the node uplink program (node internet cap) cannot be attached"
+                    ),
+                    }
+                }
+            }
+        },
+    );
+    features.push(qdisc_kind_available(
+        "clsact",
+        "per-pod programs (cls_bpf filters) cannot be attached",
+    ));
+    features.push(qdisc_kind_available(
+        "fq",
+        "EDT pacing cannot work, shaping uses HTB",
+    ));
+    let btf = Path::new("/sys/kernel/btf/vmlinux");
+    features.push(Feature {
+        name: "btf",
+        available: Some(btf.exists()),
+        detail: if btf.exists() {
+            "/sys/kernel/btf/vmlinux present".into()
+        } else {
+            "no /sys/kernel/btf/vmlinux (kernel built without CONFIG_DEBUG_INFO_BTF)".into()
+        },
+    });
+    Kernel { release, features }
+}
+
+/// Whether a program is where it should be.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attach {
+    Attached,
+    Missing,
+    /// The pod has no egress limit, so no egress program is needed.
+    NotNeeded,
+    /// Could not be checked (interface or netns gone, no permission).
+    Unknown(String),
+}
+
+impl Attach {
+    pub fn short(&self) -> &str {
+        match self {
+            Attach::Attached => "yes",
+            Attach::Missing => "MISSING",
+            Attach::NotNeeded => "-",
+            Attach::Unknown(_) => "?",
+        }
+    }
+}
+
+/// The pod's three program attachments.
+#[derive(Debug, Clone, Serialize)]
+pub struct Programs {
+    pub host_ingress: Attach,
+    pub host_egress: Attach,
+    pub pod_egress: Attach,
+}
+
+impl Programs {
+    pub fn complete(&self) -> bool {
+        [&self.host_ingress, &self.host_egress, &self.pod_egress]
+            .iter()
+            .all(|a| matches!(a, Attach::Attached | Attach::NotNeeded))
+    }
+}
+
+/// Whether `prog` runs on the `at` hook of `ifname` (calling thread's netns), attached either
+/// as a cls_bpf filter in a clsact qdisc (the per-pod attachment) or as a TCX link (pods
+/// attached by earlier builds, and the node uplink).
+fn attached(ifname: &str, at: TcAttachType, prog: &str) -> Attach {
+    let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname) else {
+        return Attach::Unknown(format!("interface {ifname} does not exist"));
+    };
+    let ingress = matches!(at, TcAttachType::Ingress);
+    let filters = Rtnl::new().and_then(|mut r| r.bpf_filter_names(ifindex, ingress));
+    if let Ok(names) = &filters {
+        if names.iter().any(|n| n == prog) {
+            return Attach::Attached;
+        }
+    }
+    match SchedClassifier::query_tcx(ifname, at) {
+        Ok((_, progs)) if progs.iter().any(|p| p.name_as_str() == Some(prog)) => Attach::Attached,
+        Ok(_) if filters.is_ok() => Attach::Missing,
+        Ok(_) => Attach::Unknown(format!("{ifname}: cannot list tc filters")),
+        Err(e) => Attach::Unknown(format!("{ifname}: {e}")),
+    }
+}
+
+/// Checks the program attachments of a pod (host side here, pod side in its netns).
+pub fn programs_of(rec: &PodRecord) -> Programs {
+    let host = rec.host_ifname();
+    let needs_pod_side = rec.meta.egress_rate != 0 || rec.meta.internet_egress_rate != 0;
+    let pod_egress = if needs_pod_side {
+        let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
+        let ifname = rec.ifname();
+        match File::open(&netns) {
+            Err(_) => Attach::Unknown(format!("pod netns {} is gone", netns.display())),
+            Ok(ns) => std::thread::spawn(move || {
+                if let Err(e) = nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                {
+                    return Attach::Unknown(format!("enter pod netns: {e}"));
+                }
+                attached(&ifname, TcAttachType::Egress, programs::POD_EGRESS)
+            })
+            .join()
+            .unwrap_or_else(|_| Attach::Unknown("probe thread panicked".into())),
+        }
+    } else {
+        Attach::NotNeeded
+    };
+    Programs {
+        host_ingress: attached(&host, TcAttachType::Ingress, programs::HOST_INGRESS),
+        host_egress: attached(&host, TcAttachType::Egress, programs::HOST_EGRESS),
+        pod_egress,
+    }
+}

@@ -1,0 +1,365 @@
+//! `aliasnetctl status`: is everything up, attached and configured on this node.
+
+use std::fmt::Write as _;
+
+use aliasnet_ipam_proto::PoolStats;
+use aliasnet_shaper::abi;
+use serde::Serialize;
+
+use crate::{
+    daemons::{self, Endpoint, Ipamd},
+    output::{print, print_json, rate, Table},
+    probe::{self, Kernel, Programs},
+    Global,
+};
+
+#[derive(Debug, Serialize)]
+struct IpamdStatus {
+    socket: String,
+    reachable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ready: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    pools: Vec<PoolStats>,
+}
+
+#[derive(Debug, Serialize)]
+struct PodPrograms {
+    namespace: String,
+    pod: String,
+    ip: String,
+    host_veth: String,
+    programs: Programs,
+}
+
+/// The shaper's configuration as applied to the maps.
+#[derive(Debug, Serialize)]
+struct DatapathConfig {
+    abi_version: u32,
+    policy_epoch: u64,
+    /// bit/s; `None` = unlimited.
+    default_pod_internet_egress_rate: Option<u64>,
+    node_internet_egress_cap: Option<u64>,
+    uplink_ifindex: Option<u32>,
+    /// `(prefix, class)` of the classifier.
+    prefixes: Vec<(String, String)>,
+}
+
+#[derive(Debug, Serialize)]
+struct DatapathStatus {
+    pin_root: String,
+    installed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<DatapathConfig>,
+    pods: Vec<PodPrograms>,
+}
+
+#[derive(Debug, Serialize)]
+struct Status {
+    healthy: bool,
+    problems: Vec<String>,
+    ipamd: IpamdStatus,
+    ipamd_metrics: Endpoint,
+    shaperd_metrics: Endpoint,
+    datapath: DatapathStatus,
+    kernel: Kernel,
+}
+
+fn class_name(c: u32) -> &'static str {
+    match c {
+        abi::CLASS_INTERNAL => "internal",
+        abi::CLASS_BLOCKED => "blocked",
+        abi::CLASS_INTERNET => "internet",
+        _ => "other",
+    }
+}
+
+fn collect(g: &Global) -> Status {
+    let mut problems = Vec::new();
+
+    let mut ipamd = IpamdStatus {
+        socket: g.socket.display().to_string(),
+        reachable: false,
+        error: None,
+        ready: None,
+        reason: None,
+        pools: Vec::new(),
+    };
+    match Ipamd::connect(&g.socket, g.timeout()).and_then(|mut c| Ok((c.status()?, c.stats()?))) {
+        Ok(((ready, _free, reason), (pools, _))) => {
+            ipamd.reachable = true;
+            ipamd.ready = Some(ready);
+            if !ready {
+                problems.push(format!(
+                    "aliasnet-ipamd is not ready: {}",
+                    reason.as_deref().unwrap_or("no reason given")
+                ));
+            }
+            ipamd.reason = reason;
+            ipamd.pools = pools;
+        }
+        Err(e) => {
+            problems.push(e.to_string());
+            ipamd.error = Some(e.to_string());
+        }
+    }
+
+    let ipamd_metrics =
+        daemons::probe_metrics(&g.ipamd_metrics, "ipamd", "aliasnet-ipamd", g.timeout());
+    if let Some(e) = &ipamd_metrics.error {
+        problems.push(format!("aliasnet-ipamd metrics: {e}"));
+    }
+    let shaperd_metrics = daemons::probe_metrics(
+        &g.shaperd_metrics,
+        "shaperd",
+        "aliasnet-shaperd",
+        g.timeout(),
+    );
+    if let Some(e) = &shaperd_metrics.error {
+        problems.push(format!("aliasnet-shaperd metrics: {e}"));
+    }
+
+    let mut datapath = DatapathStatus {
+        pin_root: g.pin_root.display().to_string(),
+        installed: false,
+        error: None,
+        config: None,
+        pods: Vec::new(),
+    };
+    match daemons::open_datapath(&g.pin_root) {
+        Ok(dp) => {
+            datapath.installed = true;
+            if let Ok(c) = dp.config() {
+                let nz = |v: u64| (v != 0).then_some(v);
+                datapath.config = Some(DatapathConfig {
+                    abi_version: c.abi_version,
+                    policy_epoch: c.policy_epoch,
+                    default_pod_internet_egress_rate: nz(c.default_internet_rate),
+                    node_internet_egress_cap: nz(c.node_internet_cap),
+                    uplink_ifindex: (c.uplink_ifindex != 0).then_some(c.uplink_ifindex),
+                    prefixes: dp
+                        .active_prefixes()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(a, l, c)| (format!("{a}/{l}"), class_name(c).to_owned()))
+                        .collect(),
+                });
+            }
+            match dp.pods() {
+                Ok(pods) => {
+                    for rec in pods {
+                        let programs = probe::programs_of(&rec);
+                        if !programs.complete() {
+                            problems.push(format!(
+                                "pod {}/{}: eBPF programs missing or unverifiable",
+                                rec.namespace(),
+                                rec.name()
+                            ));
+                        }
+                        datapath.pods.push(PodPrograms {
+                            namespace: rec.namespace(),
+                            pod: rec.name(),
+                            ip: rec.ip().to_string(),
+                            host_veth: rec.host_ifname(),
+                            programs,
+                        });
+                    }
+                }
+                Err(e) => {
+                    problems.push(format!("reading pod records: {e}"));
+                    datapath.error = Some(e.to_string());
+                }
+            }
+        }
+        Err(e) => {
+            problems.push(e.to_string());
+            datapath.error = Some(e.to_string());
+        }
+    }
+
+    let kernel = probe::kernel();
+    for f in &kernel.features {
+        // fq is optional (HTB shaping does not need it): reported, not a problem.
+        if f.available == Some(false) && f.name != "fq" {
+            problems.push(format!("kernel: {}: {}", f.name, f.detail));
+        }
+    }
+    Status {
+        healthy: problems.is_empty(),
+        problems,
+        ipamd,
+        ipamd_metrics,
+        shaperd_metrics,
+        datapath,
+        kernel,
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+fn human(s: &Status) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "DAEMONS");
+    let mut t = Table::new(&["COMPONENT", "ENDPOINT", "REACHABLE", "DETAIL"]);
+    t.row(vec![
+        "aliasnet-ipamd".into(),
+        s.ipamd.socket.clone(),
+        yes(s.ipamd.reachable).into(),
+        match (&s.ipamd.error, s.ipamd.ready) {
+            (Some(e), _) => e.clone(),
+            (None, Some(true)) => "ready".into(),
+            (None, _) => format!("not ready: {}", s.ipamd.reason.as_deref().unwrap_or("-")),
+        },
+    ]);
+    for (name, e) in [
+        ("aliasnet-ipamd metrics", &s.ipamd_metrics),
+        ("aliasnet-shaperd metrics", &s.shaperd_metrics),
+    ] {
+        let mut detail = Vec::new();
+        if let Some(v) = &e.version {
+            detail.push(format!("version {v}"));
+        }
+        if let Some(b) = &e.backend {
+            detail.push(format!("backend {b}"));
+        }
+        if let Some(err) = &e.error {
+            detail.push(err.clone());
+        }
+        t.row(vec![
+            name.into(),
+            format!("http://{}/metrics", e.address),
+            yes(e.reachable).into(),
+            detail.join(", "),
+        ]);
+    }
+    o.push_str(&t.render());
+
+    let _ = writeln!(o, "\nPOOLS");
+    if s.ipamd.pools.is_empty() {
+        let _ = writeln!(o, "(none: aliasnet-ipamd not reachable)");
+    } else {
+        let mut t = Table::new(&[
+            "POOL",
+            "SOURCE",
+            "TOTAL>",
+            "ALLOCATED>",
+            "COOLING>",
+            "FREE>",
+            "USED>",
+        ]);
+        for p in &s.ipamd.pools {
+            t.row(vec![
+                p.name.clone(),
+                p.source.clone(),
+                p.total.to_string(),
+                p.allocated.to_string(),
+                p.cooling.to_string(),
+                p.free.to_string(),
+                format!("{:.1}%", pct(p.allocated, p.total)),
+            ]);
+        }
+        o.push_str(&t.render());
+    }
+
+    let _ = writeln!(o, "\nDATAPATH ({})", s.datapath.pin_root);
+    match (&s.datapath.config, &s.datapath.error) {
+        (Some(c), _) => {
+            let _ = writeln!(
+                o,
+                "policy epoch {}, default pod internet egress {}, node internet cap {}, uplink ifindex {}",
+                c.policy_epoch,
+                rate(c.default_pod_internet_egress_rate),
+                rate(c.node_internet_egress_cap),
+                c.uplink_ifindex.map_or_else(|| "-".into(), |i| i.to_string())
+            );
+            let prefixes: Vec<String> = c
+                .prefixes
+                .iter()
+                .map(|(p, cl)| format!("{p}={cl}"))
+                .collect();
+            let _ = writeln!(o, "prefixes: {}", prefixes.join(" "));
+        }
+        (None, Some(e)) => {
+            let _ = writeln!(o, "{e}");
+        }
+        (None, None) => {}
+    }
+    if !s.datapath.pods.is_empty() {
+        let mut t = Table::new(&[
+            "POD",
+            "IP",
+            "HOST VETH",
+            "HOST INGRESS",
+            "HOST EGRESS",
+            "POD EGRESS",
+        ]);
+        for p in &s.datapath.pods {
+            t.row(vec![
+                format!("{}/{}", p.namespace, p.pod),
+                p.ip.clone(),
+                p.host_veth.clone(),
+                p.programs.host_ingress.short().into(),
+                p.programs.host_egress.short().into(),
+                p.programs.pod_egress.short().into(),
+            ]);
+        }
+        o.push_str(&t.render());
+    } else if s.datapath.installed {
+        let _ = writeln!(o, "no pods attached");
+    }
+
+    let _ = writeln!(o, "\nKERNEL {}", s.kernel.release);
+    let mut t = Table::new(&["FEATURE", "AVAILABLE", "DETAIL"]);
+    for f in &s.kernel.features {
+        t.row(vec![
+            f.name.into(),
+            match f.available {
+                Some(true) => "yes".into(),
+                Some(false) => "no".into(),
+                None => "unknown".into(),
+            },
+            f.detail.clone(),
+        ]);
+    }
+    o.push_str(&t.render());
+
+    if s.healthy {
+        let _ = writeln!(o, "\nOK: no problems found");
+    } else {
+        let _ = writeln!(o, "\nPROBLEMS");
+        for p in &s.problems {
+            let _ = writeln!(o, "- {p}");
+        }
+    }
+    o
+}
+
+pub fn pct(part: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / total as f64
+    }
+}
+
+/// Exit code 0 when healthy, 1 otherwise (after printing everything).
+pub fn run(g: &Global) -> anyhow::Result<i32> {
+    let s = collect(g);
+    if g.json {
+        print_json(&s);
+    } else {
+        print(&human(&s));
+    }
+    Ok(if s.healthy { 0 } else { 1 })
+}

@@ -1,0 +1,314 @@
+//! `aliasnet-ipamd recover`: rebuild the state from the kernel when the state on disk is lost
+//! or corrupt.
+//!
+//! Every pod aliasnet attached has a host /32 route to its address through its host veth
+//! (named `host_veth_prefix` + a hash of the attachment key). Each such route becomes a lease.
+//! The key cannot be recovered from the hash, so the lease is stored under
+//! `(RECOVERED_NETWORK, <veth>, "-")` with `host_veth` set (see
+//! [`aliasnet_ipam_proto::RECOVERED_NETWORK`]); the daemon releases it when a DEL names the veth
+//! (teardown link, or the key that hashes to it), when the veth disappears (reconcile), or by
+//! a GC once the veth is gone. A CHECK of the real key finds it through the veth as well.
+//!
+//! The old state directory is moved aside (`<state_dir>.broken-<unix ms>`), never
+//! deleted. Release times are lost with the old state, so every address that is not leased
+//! is put in cooldown from now (unless `--no-cooldown`): no address is reused while a
+//! connection of a pod deleted shortly before the crash could still point at it.
+//!
+//! Addresses of `azure-imds` pools are matched against one metadata read per pool; an address
+//! no pool claims is kept as a lease anyway (never handed out, reported at start).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use aliasnet_ipam_proto::{recovered_key, PodRef};
+use futures::TryStreamExt;
+use netlink_packet_route::{
+    link::LinkAttribute,
+    route::{RouteAddress, RouteAttribute, RouteHeader},
+};
+
+use crate::{
+    config::{Config, PoolSource},
+    imds,
+    lease::encode_data,
+    reconcile::is_ours,
+    service::now_ms,
+    store::{
+        self,
+        record::{AllocRec, CoolRec},
+        SnapshotWriter, Store, StoreError,
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error(
+        "the state in {path} loads fine ({leases} leases); nothing to recover. To rebuild it \
+         from the kernel anyway (the current state is moved aside), pass --force"
+    )]
+    Healthy { path: PathBuf, leases: usize },
+    #[error("stop aliasnet-ipamd first: {0}")]
+    Running(StoreError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("reading the kernel's links and routes: {0}")]
+    Kernel(String),
+    #[error("{what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Options of the `recover` command.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Rebuild even if the current state loads.
+    pub force: bool,
+    /// Do not put the unleased addresses in cooldown.
+    pub no_cooldown: bool,
+}
+
+/// What `recover` did.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// (address, host veth, pool) of each recovered lease.
+    pub leases: Vec<(Ipv4Addr, String, String)>,
+    /// Routes through our veths that were not turned into leases, and why.
+    pub skipped: Vec<String>,
+    /// Addresses put in cooldown.
+    pub cooling: usize,
+    /// Where the old state went.
+    pub moved_aside: Option<PathBuf>,
+    /// Why the old state could not be used (when it could not).
+    pub old_state_error: Option<String>,
+}
+
+/// (address, host veth) of each IPv4 /32 route in the main table through one of our veths.
+pub async fn kernel_routes(
+    handle: &rtnetlink::Handle,
+    prefix: &str,
+) -> Result<Vec<(Ipv4Addr, String)>, String> {
+    let mut links: HashMap<u32, String> = HashMap::new();
+    let mut s = handle.link().get().execute();
+    while let Some(m) = s.try_next().await.map_err(|e| e.to_string())? {
+        let veth = m.attributes.iter().any(|a| {
+            matches!(a, LinkAttribute::LinkInfo(i) if i.iter().any(|x| matches!(x,
+                netlink_packet_route::link::LinkInfo::Kind(k) if k.to_string() == "veth")))
+        });
+        let name = m.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        });
+        if let Some(name) = name.filter(|n| veth && is_ours(n, prefix)) {
+            links.insert(m.header.index, name);
+        }
+    }
+    let msg = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build();
+    let mut s = handle.route().get(msg).execute();
+    let mut out = Vec::new();
+    while let Some(r) = s.try_next().await.map_err(|e| e.to_string())? {
+        if r.header.destination_prefix_length != 32 {
+            continue;
+        }
+        let table = r
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RouteAttribute::Table(t) => Some(*t),
+                _ => None,
+            })
+            .unwrap_or(u32::from(r.header.table));
+        if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+            continue;
+        }
+        let dst = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+            _ => None,
+        });
+        let oif = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Oif(i) => Some(*i),
+            _ => None,
+        });
+        if let (Some(dst), Some(name)) = (dst, oif.and_then(|i| links.get(&i))) {
+            out.push((dst, name.clone()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Rebuild `config.state_dir` from `routes` (what [`kernel_routes`] found).
+pub async fn recover(
+    config: &Config,
+    routes: Vec<(Ipv4Addr, String)>,
+    opts: Options,
+) -> Result<Report, RecoverError> {
+    let dir = &config.state_dir;
+    let mut report = Report::default();
+    if dir.exists() {
+        let d = dir.clone();
+        match tokio::task::spawn_blocking(move || Store::open(&d))
+            .await
+            .map_err(|e| RecoverError::Kernel(e.to_string()))?
+        {
+            Ok((_store, loaded)) => {
+                if !opts.force {
+                    return Err(RecoverError::Healthy {
+                        path: dir.clone(),
+                        leases: loaded.leases.len(),
+                    });
+                }
+            }
+            Err(e @ StoreError::Locked { .. }) => return Err(RecoverError::Running(e)),
+            Err(e) => report.old_state_error = Some(e.to_string()),
+        }
+    }
+
+    // Which pool each address belongs to.
+    let static_pools: Vec<_> = config
+        .pools
+        .iter()
+        .filter(|p| !p.source.is_dynamic())
+        .collect();
+    let metadata_pools: Vec<_> = config
+        .pools
+        .iter()
+        .filter(|p| p.source == PoolSource::AzureImds)
+        .collect();
+    let mut listed: HashMap<Ipv4Addr, String> = HashMap::new();
+    let fetcher = imds::Fetcher::default();
+    for p in &metadata_pools {
+        let spec = p.imds.as_ref().expect("metadata pools have a spec");
+        match fetcher.fetch(spec).await {
+            Ok(body) => match imds::parse(&body) {
+                Ok(parsed) => {
+                    for a in parsed.secondary {
+                        listed.entry(a).or_insert_with(|| p.name.clone());
+                    }
+                }
+                Err(e) => report
+                    .skipped
+                    .push(format!("pool '{}': metadata unusable ({e})", p.name)),
+            },
+            Err(e) => report
+                .skipped
+                .push(format!("pool '{}': metadata not read ({e:?})", p.name)),
+        }
+    }
+    let pool_of = |a: Ipv4Addr| -> String {
+        let n = u32::from(a);
+        if let Some(p) = static_pools
+            .iter()
+            .find(|p| p.ranges.iter().any(|r| r.first <= n && n <= r.last))
+        {
+            return p.name.clone();
+        }
+        if let Some(p) = listed.get(&a) {
+            return p.clone();
+        }
+        match metadata_pools.as_slice() {
+            // The only candidate: the address gets a slot there, absent until listed.
+            [only] => only.name.clone(),
+            _ => "unknown".into(),
+        }
+    };
+
+    let now = now_ms();
+    let mut by_veth: BTreeMap<String, Ipv4Addr> = BTreeMap::new();
+    let mut leased = std::collections::HashSet::new();
+    let mut w = SnapshotWriter::new(0, routes.len() * 140 + (1 << 20));
+    for (addr, veth) in routes {
+        if let Some(first) = by_veth.get(&veth) {
+            report.skipped.push(format!(
+                "{addr} via {veth}: the veth already routes {first}; one lease per veth"
+            ));
+            continue;
+        }
+        by_veth.insert(veth.clone(), addr);
+        leased.insert(u32::from(addr));
+        let pool = pool_of(addr);
+        let (data, key_len) = encode_data(&recovered_key(&veth), &PodRef::default(), Some(&veth));
+        w.lease(&AllocRec {
+            data,
+            key_len,
+            addr: u32::from(addr),
+            allocated_at_ms: now,
+            pool: pool.as_str().into(),
+        });
+        report.leases.push((addr, veth, pool));
+    }
+    if !opts.no_cooldown {
+        for p in &static_pools {
+            for r in &p.ranges {
+                for a in r.first..=r.last {
+                    if !leased.contains(&a) {
+                        w.cooling(CoolRec {
+                            addr: a,
+                            released_at_ms: now,
+                            teardown: None,
+                        });
+                        report.cooling += 1;
+                    }
+                }
+            }
+        }
+        for (a, _) in listed
+            .iter()
+            .filter(|(a, _)| !leased.contains(&u32::from(**a)))
+        {
+            w.cooling(CoolRec {
+                addr: u32::from(*a),
+                released_at_ms: now,
+                teardown: None,
+            });
+            report.cooling += 1;
+        }
+    }
+    let snapshot = w.finish();
+
+    // Build the new directory beside the old one, then swap.
+    let parent = dir.parent().unwrap_or(Path::new("/"));
+    let base = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "ipam".into());
+    let fresh = parent.join(format!(".{base}.recover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&fresh);
+    std::fs::create_dir_all(parent).map_err(|source| RecoverError::Io {
+        what: "creating",
+        path: parent.to_path_buf(),
+        source,
+    })?;
+    store::create_fresh(&fresh, &snapshot)?;
+    if dir.exists() {
+        let mut aside = parent.join(format!("{base}.broken-{now}"));
+        let mut n = 1;
+        while aside.exists() {
+            aside = parent.join(format!("{base}.broken-{now}-{n}"));
+            n += 1;
+        }
+        std::fs::rename(dir, &aside).map_err(|source| RecoverError::Io {
+            what: "moving the old state aside to",
+            path: aside.clone(),
+            source,
+        })?;
+        report.moved_aside = Some(aside);
+    }
+    std::fs::rename(&fresh, dir).map_err(|source| RecoverError::Io {
+        what: "putting the rebuilt state in place at",
+        path: dir.clone(),
+        source,
+    })?;
+    store::sync_dir(parent).map_err(|source| RecoverError::Io {
+        what: "syncing",
+        path: parent.to_path_buf(),
+        source,
+    })?;
+    Ok(report)
+}
