@@ -165,8 +165,17 @@ _Static_assert(sizeof(struct an_pod_meta) == 800, "an_pod_meta size");
 _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES == AN_VQ_NODE_CAP + 1,
 	       "an_vqueue index");
 
-/* CE-mark above this modelled queueing delay, or AN_ECN_MARK_FRAMES full frames if longer. */
-#define AN_ECN_MARK_NS 2000000
+/*
+ * Marking threshold (modelled queueing delay): 2 ms up to 10 Mbit/s, growing in proportion
+ * to the rate up to 10 ms from 50 Mbit/s, and at least 2 full frames. Measured on veth
+ * with one cubic + ECN flow: at 10 Mbit/s 2 ms kept the rate at 95 % of the configured
+ * (goodput) with ~2 ms of queue, 5-10 ms lost 1-5 %; at 100 Mbit/s and 1 Gbit/s 2 ms
+ * lost 3-6 % (the window cut empties a queue that holds only a few of the sender's GSO
+ * aggregates) and 10 ms did not. See notes/shaping-bench.md.
+ */
+#define AN_ECN_MARK_MIN_NS 2000000
+#define AN_ECN_MARK_MAX_NS 10000000
+#define AN_ECN_MARK_REF_RATE 10000000
 #define AN_ECN_MARK_FRAMES 2
 /*
  * Shaper sizes, shared with the shaper's Shape so that the model matches the qdiscs.

@@ -42,10 +42,23 @@ pub const VQ_EGRESS: u32 = 1;
 pub const VQ_INTERNET: u32 = 2;
 pub const VQ_NODE_CAP: u32 = 3072;
 pub const VQ_ENTRIES: u32 = 3073;
-/// CE-mark an ECN-capable packet whose modelled queueing delay exceeds this...
-pub const ECN_MARK_NS: u64 = 2_000_000;
-/// ...or this many full frames at the class rate, whichever is longer.
+/// Marking threshold (modelled queueing delay): `ECN_MARK_MIN_NS` up to `ECN_MARK_REF_RATE`
+/// bit/s, growing with the rate up to `ECN_MARK_MAX_NS`, at least `ECN_MARK_FRAMES` frames.
+pub const ECN_MARK_MIN_NS: u64 = 2_000_000;
+pub const ECN_MARK_MAX_NS: u64 = 10_000_000;
+pub const ECN_MARK_REF_RATE: u64 = 10_000_000;
 pub const ECN_MARK_FRAMES: u64 = 2;
+
+/// The marking threshold of a class at `rate` bit/s, in ns (what the programs compute).
+pub fn ecn_mark_ns(rate: u64) -> u64 {
+    let t = if rate < ECN_MARK_REF_RATE * (ECN_MARK_MAX_NS / ECN_MARK_MIN_NS) {
+        ECN_MARK_MIN_NS * (rate / 1000) / (ECN_MARK_REF_RATE / 1000)
+    } else {
+        ECN_MARK_MAX_NS
+    };
+    let frames = ECN_MARK_FRAMES * FRAME_BYTES * 8 * 1_000_000_000 / rate.max(1);
+    t.max(ECN_MARK_MIN_NS).max(frames)
+}
 /// HTB class burst when the pod sets none: 10 ms of the rate, at least 4 full frames.
 pub const DEFAULT_BURST_NS: u64 = 10_000_000;
 pub const DEFAULT_BURST_FRAMES: u64 = 4;
@@ -419,7 +432,9 @@ mod tests {
             ("AN_VQ_INTERNET", VQ_INTERNET.into()),
             ("AN_VQ_NODE_CAP", VQ_NODE_CAP.into()),
             ("AN_VQ_ENTRIES", VQ_ENTRIES.into()),
-            ("AN_ECN_MARK_NS", ECN_MARK_NS),
+            ("AN_ECN_MARK_MIN_NS", ECN_MARK_MIN_NS),
+            ("AN_ECN_MARK_MAX_NS", ECN_MARK_MAX_NS),
+            ("AN_ECN_MARK_REF_RATE", ECN_MARK_REF_RATE),
             ("AN_ECN_MARK_FRAMES", ECN_MARK_FRAMES),
             ("AN_DEFAULT_BURST_NS", DEFAULT_BURST_NS),
             ("AN_DEFAULT_BURST_FRAMES", DEFAULT_BURST_FRAMES),
@@ -462,6 +477,17 @@ mod tests {
             let needle = format!("_Static_assert(sizeof(struct {name}) == {size},");
             assert!(HEADER.contains(&needle), "missing or different: {needle}");
         }
+    }
+
+    #[test]
+    fn marking_threshold_grows_with_the_rate() {
+        // 2 full frames at 1 Mbit/s are longer than 2 ms.
+        assert_eq!(ecn_mark_ns(1_000_000), 2 * 1514 * 8 * 1000);
+        assert_eq!(ecn_mark_ns(10_000_000), 2_422_400);
+        assert_eq!(ecn_mark_ns(20_000_000), 4_000_000);
+        assert_eq!(ecn_mark_ns(50_000_000), 10_000_000);
+        assert_eq!(ecn_mark_ns(1_000_000_000), 10_000_000);
+        assert_eq!(ecn_mark_ns(1_000_000_000_000_000), 10_000_000);
     }
 
     #[test]

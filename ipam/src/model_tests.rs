@@ -100,6 +100,9 @@ impl Model {
     }
 
     fn missing(&self) -> usize {
+        if !self.synced {
+            return 0;
+        }
         self.leases
             .values()
             .filter(|a| NIC.contains(a) && !self.present.contains(a))

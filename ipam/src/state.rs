@@ -167,6 +167,16 @@ impl Pool {
         }
     }
 
+    /// Leased addresses gone from the metadata, as reported: before the first read after a
+    /// restart nothing is known to be gone.
+    fn reported_missing(&self) -> usize {
+        if self.synced {
+            self.missing
+        } else {
+            0
+        }
+    }
+
     /// Cooling addresses that are not reusable yet (including held ones).
     fn cooling_count(&self) -> usize {
         self.cooling.len() + self.held
@@ -203,7 +213,7 @@ impl Pool {
         if self.held > 0 {
             let _ = write!(s, ", {} waiting for their old host veth to go", self.held);
         }
-        if self.missing > 0 {
+        if self.reported_missing() > 0 {
             let _ = write!(
                 s,
                 ", {} leased addresses gone from the metadata",
@@ -545,7 +555,8 @@ impl State {
         let e = self.leases.get(id);
         let mut l = e.to_lease(self.pool_name(e));
         if let Some((p, idx)) = self.locate(e.addr) {
-            l.missing = !self.pools[p].is_present(idx);
+            let pool = &self.pools[p];
+            l.missing = pool.dynamic() && pool.synced && !pool.is_present(idx);
         }
         l
     }
@@ -1129,7 +1140,7 @@ impl State {
                 cooling: p.cooling_count() as u64,
                 free: p.free.free_count() as u64,
                 pending_teardown: p.held as u64,
-                missing: p.missing as u64,
+                missing: p.reported_missing() as u64,
                 metadata: p.metadata.clone(),
             })
             .collect()
@@ -1143,11 +1154,11 @@ impl State {
             .map(|p| PoolCounts {
                 name: p.spec.name.clone(),
                 size: p.size(),
-                allocated: (p.leased - p.missing) as u64,
+                allocated: (p.leased - p.reported_missing()) as u64,
                 cooling: p.cooling.len() as u64,
                 pending_teardown: p.held as u64,
                 free: p.free.free_count() as u64,
-                missing: p.missing as u64,
+                missing: p.reported_missing() as u64,
             })
             .collect()
     }

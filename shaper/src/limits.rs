@@ -241,15 +241,20 @@ pub fn fmt_rate(bps: u64) -> String {
 
 /// Sizes derived from a rate for one HTB class and its leaf queue.
 ///
-/// Leaf queues were chosen by measurement on this kernel (no fq, fq_codel or RED; see
-/// notes/ebpf-bench.md): drop-tail is all there is, so queue size trades latency against loss.
-/// - Traffic whose sender is local to the qdisc (pod egress, on the pod's eth0): a qdisc drop
-///   is not a TCP loss there, only a local congestion signal (the segment stays queued in the
-///   socket and TCP reduces its window), so a 2-3 packet FIFO keeps delay low with no
-///   retransmits. A byte limit cannot be used: one GSO skb can be 64 KiB, and a limit below
-///   that starves the flow.
-/// - Forwarded traffic (to the pod, node uplink): drops are real losses. A tbf leaf with a
-///   10 ms queue splits GSO skbs larger than its 1 ms burst, so the byte limit holds.
+/// This kernel has no AQM qdisc (no fq, fq_codel, RED): the leaves are drop-tail, and the
+/// queues are kept short by the programs, which model every shaped class's queue (see
+/// `an_vqueue` in ebpf/include/aliasnet_abi.h; the sizes here are the ABI's constants so the
+/// model matches the qdiscs). Measured in notes/shaping-bench.md.
+/// - Forwarded traffic (to the pod, node uplink): drops are real losses. Above the marking
+///   threshold ECN-capable packets are CE-marked; the tbf leaf (a 1 ms bucket, so larger GSO
+///   skbs are segmented and the byte limit holds) drops only beyond 25 ms, which BBR and
+///   non-ECN cubic need: with 10 ms, BBR lost 13-15 % of its segments at 10 and 100 Mbit/s.
+/// - Local senders (pod egress, on the pod's eth0): above the threshold ECN-capable packets
+///   are marked and local TCP data is dropped before the qdisc, which the local TCP takes as
+///   congestion (CWR) and not as a loss. The FIFO leaf itself holds 25 ms of full frames (at
+///   least 16 packets) so that other packets are not refused behind bulk data: a 2-packet
+///   FIFO refused 75-97 % of pings (ENOBUFS), a longer one without the programs' drops
+///   queued 2 GSO skbs of 64 KiB per flow (108 ms at 10 Mbit/s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     /// bit/s

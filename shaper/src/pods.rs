@@ -477,9 +477,7 @@ impl Datapath {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
 
-        let ta = std::time::Instant::now();
         let _lock = self.lock()?;
-        let tl = ta.elapsed();
         let mut previous = Vec::new();
         if let Some(p) = self.find(&key)? {
             previous.push(p);
@@ -494,7 +492,6 @@ impl Datapath {
             self.teardown(slot, &old, Teardown::Full)?;
         }
         let slot = self.free_slot(&key)?;
-        eprintln!("TIMING2 lock {:?} pre {:?}", tl, ta.elapsed());
         match self.attach_slot(slot, &key, &mut meta, req) {
             Ok(attached) => {
                 info!(
@@ -521,7 +518,6 @@ impl Datapath {
         meta: &mut abi::PodMeta,
         req: &PodAttachment,
     ) -> Result<AttachedPod, ShaperError> {
-        let t0 = std::time::Instant::now();
         // Pins of a TCX-era attachment interrupted in this slot must not outlive it.
         self.remove_legacy_pins(slot)?;
         // The index entry goes in before the metadata it points to (see `crate::index`).
@@ -553,7 +549,6 @@ impl Datapath {
             .insert(meta.ipv4, slot, 0)
             .map_err(|e| ShaperError::map(maps::POD_IPS, e))?;
 
-        let t1 = t0.elapsed();
         // Host veth: classify, count and drop blocked traffic in both directions.
         let mut rt = Rtnl::new()?;
         rt.ensure_clsact(meta.host_ifindex)?;
@@ -571,7 +566,6 @@ impl Datapath {
             Hook::Egress,
             programs::HOST_EGRESS,
         )?;
-        let t2 = t0.elapsed();
         if let Some(class) = host_ingress_class(meta) {
             install_htb(
                 &mut rt,
@@ -585,7 +579,6 @@ impl Datapath {
             rt.delete_root_htb(meta.host_ifindex, HTB_MAJOR)?;
         }
 
-        let t3 = t0.elapsed();
         // Pod side, only for egress limits: entering the netns is the costliest step left.
         if pod_egress_classes(meta).is_some() {
             let pins = self.pins.clone();
@@ -597,13 +590,6 @@ impl Datapath {
                 .map_err(|e| ShaperError::map(maps::POD_META, e))?;
         }
 
-        eprintln!(
-            "TIMING maps {:?} filters {:?} htb {:?} pod {:?}",
-            t1,
-            t2 - t1,
-            t3 - t2,
-            t0.elapsed() - t3
-        );
         let classes = pod_egress_classes(meta);
         let internet_egress = classes
             .as_ref()

@@ -246,9 +246,16 @@ impl Rtnl {
 
     /// The root qdisc of `ifindex`, if it has a real one (not noqueue).
     pub fn root_qdisc(&mut self, ifindex: u32) -> Result<Option<RootQdisc>, TcError> {
-        let req = RouteNetlinkMessage::GetQueueDiscipline(TcMessage::with_index(ifindex as i32));
-        let op = format!("list qdiscs of ifindex {ifindex}");
-        for m in self.request(req, NLM_F_DUMP, &op)? {
+        // A targeted get of the root, not a dump: the kernel's qdisc dump walks every device
+        // of the namespace (no ifindex filter), ~4 ms per call on a node with 100 shaped pods.
+        // 6.18 answers a get only with NLM_F_ECHO (older kernels ignore the flag here).
+        let req = RouteNetlinkMessage::GetQueueDiscipline(tc_message(ifindex, 0, u32::MAX));
+        let op = format!("get the root qdisc of ifindex {ifindex}");
+        let replies = match self.request(req, netlink_packet_core::NLM_F_ECHO, &op) {
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
+            r => r?,
+        };
+        for m in replies {
             let RouteNetlinkMessage::NewQueueDiscipline(q) = m else {
                 continue;
             };

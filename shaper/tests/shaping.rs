@@ -232,8 +232,11 @@ fn ecn_traffic_to_a_shaped_pod_is_marked_not_dropped() {
         ..Limits::default()
     });
     let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
-    // The pod asks for ECN, the internet sender accepts it (Linux's default, tcp_ecn = 2).
-    f.exec("pod", &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+    // ECN is negotiated by the connecting side (here the internet sender, iperf3's
+    // client): it must ask (tcp_ecn = 1); Linux's default (2) only accepts.
+    for role in ["pod", "inet"] {
+        f.exec(role, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+    }
     let (v, ping) = f.iperf_json(
         "inet",
         "pod",

@@ -27,7 +27,7 @@ use std::{
 };
 
 use aliasnet_ipam_proto::{
-    host_veth_name, AttachmentKey, Client, ClientError, PodRef, Request, Response,
+    frame, host_veth_name, AttachmentKey, Client, ClientError, PodRef, Request, Response,
 };
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -324,28 +324,58 @@ fn expect_allocated(r: Result<Response, ClientError>) -> Result<()> {
     }
 }
 
-/// `clients` threads allocate keys `series`/[from, to) (each once) as fast as they can.
-fn fill(socket: &Path, series: u64, from: u64, to: u64, clients: usize) -> Result<f64> {
-    let next = Arc::new(AtomicU64::new(from));
-    let t0 = Instant::now();
-    let threads: Vec<_> = (0..clients)
-        .map(|_| {
-            let (socket, next) = (socket.to_path_buf(), next.clone());
-            std::thread::spawn(move || -> Result<()> {
-                let mut c = Client::connect(&socket, Duration::from_secs(30))?;
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= to {
-                        return Ok(());
-                    }
-                    expect_allocated(call(&mut c, &alloc_req(series, i)))?;
-                }
-            })
+/// A protocol connection driven asynchronously: the bench runs its concurrent clients as
+/// tasks on one thread, so 64 clients do not take the CPU from the daemon they measure (64
+/// client threads on a 2-core machine spend it on context switches).
+struct AsyncConn {
+    s: tokio::net::UnixStream,
+    buf: Vec<u8>,
+}
+
+impl AsyncConn {
+    async fn connect(path: &Path) -> Result<Self> {
+        Ok(Self {
+            s: tokio::net::UnixStream::connect(path).await?,
+            buf: Vec::with_capacity(4096),
         })
-        .collect();
-    for t in threads {
-        t.join().expect("fill thread")?;
     }
+
+    async fn call(&mut self, req: &Request) -> Result<Response> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.s.write_all(&frame::encode(req)).await?;
+        let mut h = [0u8; 4];
+        self.s.read_exact(&mut h).await?;
+        self.buf.resize(frame::parse_len(h)?, 0);
+        self.s.read_exact(&mut self.buf).await?;
+        Ok(frame::decode(&self.buf)?)
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// `clients` concurrent connections allocate keys `series`/[from, to) (each once) as fast as
+/// they can; returns allocations per second.
+fn fill(socket: &Path, series: u64, from: u64, to: u64, clients: usize) -> Result<f64> {
+    let next = std::cell::Cell::new(from);
+    let t0 = Instant::now();
+    runtime()?.block_on(futures::future::try_join_all((0..clients).map(|_| async {
+        let mut c = AsyncConn::connect(socket).await?;
+        loop {
+            let i = next.get();
+            if i >= to {
+                return Ok::<_, anyhow::Error>(());
+            }
+            next.set(i + 1);
+            match c.call(&alloc_req(series, i)).await? {
+                Response::Allocated { .. } => {}
+                other => bail!("allocate failed: {other:?}"),
+            }
+        }
+    })))?;
     Ok((to - from) as f64 / t0.elapsed().as_secs_f64())
 }
 
@@ -368,8 +398,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn throughput(args: &Args, bin: &Path) -> Result<String> {
     let mut s = String::from(
         "\n## Allocate+release throughput over the socket (durable)\n\n\
-         Each client: one connection, loop { Allocate new key; Release it }. Empty /14 pool, \
-         cooldown 130 s. allocations/s = Allocates acknowledged per second (each followed by a \
+         Each client: one connection, loop { Allocate new key; Release it }; the clients are \
+         async tasks on one bench thread. Empty /14 pool, cooldown 130 s. allocations/s = Allocates acknowledged per second (each followed by a \
          durable Release, so the daemon does twice as many durable writes).\n\n\
          | clients | allocations/s (median) | runs |\n|---|---|---|\n",
     );
@@ -381,32 +411,37 @@ fn throughput(args: &Args, bin: &Path) -> Result<String> {
             let socket = d.socket();
             let stop = Arc::new(AtomicBool::new(false));
             let done = Arc::new(AtomicU64::new(0));
-            let threads: Vec<_> = (0..clients)
-                .map(|t| {
-                    let (socket, stop, done) = (socket.clone(), stop.clone(), done.clone());
-                    std::thread::spawn(move || -> Result<()> {
-                        let mut c = Client::connect(&socket, Duration::from_secs(30))?;
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            let req = alloc_req(run as u64 * 1000 + t as u64, i);
-                            expect_allocated(call(&mut c, &req))?;
-                            done.fetch_add(1, Ordering::Relaxed);
-                            call(&mut c, &release_req(&req))?;
-                            i += 1;
+            let driver = {
+                let (stop, done) = (stop.clone(), done.clone());
+                std::thread::spawn(move || -> Result<()> {
+                    runtime()?.block_on(futures::future::try_join_all((0..clients).map(|t| {
+                        let (socket, stop, done) = (&socket, &stop, &done);
+                        async move {
+                            let mut c = AsyncConn::connect(socket).await?;
+                            let mut i = 0u64;
+                            while !stop.load(Ordering::Relaxed) {
+                                let req = alloc_req(run as u64 * 1000 + t as u64, i);
+                                match c.call(&req).await? {
+                                    Response::Allocated { .. } => {}
+                                    other => bail!("allocate failed: {other:?}"),
+                                }
+                                done.fetch_add(1, Ordering::Relaxed);
+                                c.call(&release_req(&req)).await?;
+                                i += 1;
+                            }
+                            Ok::<_, anyhow::Error>(())
                         }
-                        Ok(())
-                    })
+                    })))?;
+                    Ok(())
                 })
-                .collect();
+            };
             // Warm up, then count over the measured window only.
             std::thread::sleep(Duration::from_millis(300));
             let (c0, t0) = (done.load(Ordering::Relaxed), Instant::now());
             std::thread::sleep(Duration::from_secs_f64(args.seconds));
             let rate = (done.load(Ordering::Relaxed) - c0) as f64 / t0.elapsed().as_secs_f64();
             stop.store(true, Ordering::Relaxed);
-            for t in threads {
-                t.join().expect("client thread")?;
-            }
+            driver.join().expect("client driver")?;
             d.stop()?;
             per_run.push(rate);
         }

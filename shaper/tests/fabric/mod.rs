@@ -447,6 +447,10 @@ impl Fabric {
     /// iperf3 from `sender` to a server in `receiver` on `dst` (client bound to `bind`),
     /// with congestion control `cc`, and `ping`s from the pod to `dst_ping` every 0.1 s
     /// meanwhile; returns the client's JSON report and the ping output.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a test helper mirroring iperf3's options"
+    )]
     pub fn iperf_json(
         &self,
         sender: &str,
