@@ -291,6 +291,10 @@ fn main() -> Result<()> {
     ours["name"] = json!("bench-aliasnet");
     let mut ours_sync = ours.clone();
     ours_sync["plugins"][0]["asyncTeardown"] = json!(false);
+    // The foundation alone (issue 2's comparison with ptp+host-local, which has no datapath):
+    // the same plugin with the eBPF datapath switched off.
+    let mut ours_plain = ours.clone();
+    ours_plain["plugins"][0]["datapath"] = json!("off");
     let reference = json!({
         "cniVersion": "1.0.0",
         "name": "bench-ptp",
@@ -312,6 +316,11 @@ fn main() -> Result<()> {
         Chain {
             label: "aliasnet (sync teardown)",
             conflist: ours_sync,
+            cni_path: bin.display().to_string(),
+        },
+        Chain {
+            label: "aliasnet (datapath off)",
+            conflist: ours_plain,
             cni_path: bin.display().to_string(),
         },
     ];
