@@ -16,7 +16,7 @@ scratch_root() {
   R=$SCRATCH/root
   SRC=$SCRATCH/src
   mkdir -p "$R"/{opt/cni/bin,etc/cni/net.d,etc/aliasnet,var/lib/aliasnet/spool,var/log/aliasnet,run/aliasnet} "$SRC"
-  jq --arg r "$R" '.plugins[0] += {ipamSocket: ($r + "/run/aliasnet/ipamd.sock"),
+  jq --arg r "$R" '.plugins[0] += {datapath: "off", ipamSocket: ($r + "/run/aliasnet/ipamd.sock"),
       spoolDir: ($r + "/var/lib/aliasnet/spool"), logFile: ($r + "/var/log/aliasnet/cni.log"),
       logLevel: "debug"}' "$REPO/install/etc/10-aliasnet.conflist" >"$SRC/10-aliasnet.conflist"
   sed -e "s|\"/run/aliasnet/|\"$R/run/aliasnet/|; s|\"/var/lib/aliasnet/|\"$R/var/lib/aliasnet/|g" \

@@ -192,7 +192,7 @@ test_agents_work_with_only_the_manifest_capabilities() {
     defer "stop_pid $pid"
     for _ in $(seq 100); do [[ -S $dir/$round/ipamd.sock ]] && break; sleep 0.05; done
     [[ -S $dir/$round/ipamd.sock ]] || fail "ipamd ($round) did not start: $(tail -n5 "$dir/$round/ipamd.log")"
-    conf=$(jq -nc --arg d "$dir/$round" '{cniVersion: "1.0.0", name: "caps", type: "aliasnet",
+    conf=$(jq -nc --arg d "$dir/$round" '{cniVersion: "1.0.0", name: "caps", type: "aliasnet", datapath: "off",
       ipamSocket: ($d + "/ipamd.sock"), spoolDir: ($d + "/spool"), asyncTeardown: true}')
     CNI_COMMAND=ADD CNI_CONTAINERID=cid-$round CNI_NETNS=/run/netns/$pod CNI_IFNAME=eth0 CNI_PATH=/ \
       in_ns "$node" "$BIN_DIR/aliasnet" <<<"$conf" >"$dir/$round/add.json" || fail "ADD ($round) failed"
@@ -282,7 +282,7 @@ except OSError: pass' || true
   defer "stop_pid $pid"
   for _ in $(seq 100); do [[ -S $dir/ipamd.sock ]] && break; sleep 0.05; done
   [[ -S $dir/ipamd.sock ]] || fail "ipamd did not start: $(tail -n5 "$dir/ipamd.log")"
-  conf=$(jq -nc --arg d "$dir" '{cniVersion: "1.0.0", name: "conncheck", type: "aliasnet",
+  conf=$(jq -nc --arg d "$dir" '{cniVersion: "1.0.0", name: "conncheck", type: "aliasnet", datapath: "off",
     ipamSocket: ($d + "/ipamd.sock"), spoolDir: ($d + "/spool")}')
   local add
   add=$(CNI_COMMAND=ADD CNI_CONTAINERID=cid-c CNI_NETNS=/run/netns/$pod CNI_IFNAME=eth0 CNI_PATH=/ \

@@ -29,7 +29,7 @@ podman_env() {
 
   # aliasnet, installed the way the DaemonSet does it, into scratch directories.
   mkdir -p "$S"/{src,cni/bin,cni/net.d,etc,state/spool,run,log}
-  jq --arg s "$S" '.plugins[0] += {ipamSocket: ($s + "/run/ipamd.sock"),
+  jq --arg s "$S" '.plugins[0] += {datapath: "off", ipamSocket: ($s + "/run/ipamd.sock"),
       spoolDir: ($s + "/state/spool"), logFile: ($s + "/log/cni.log"), logLevel: "debug"}' \
     "$REPO/install/etc/10-aliasnet.conflist" >"$S/src/10-aliasnet.conflist"
   sed -e "s|^socket = .*|socket = \"$S/run/ipamd.sock\"|" \
