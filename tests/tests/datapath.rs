@@ -625,7 +625,16 @@ fn del_check_and_gc_keep_the_maps_in_step() {
     let keep = add_ok(&f, n, "keep", None);
     let gone = add_ok(&f, n, "gone", None);
     let stale = add_ok(&f, n, "stale", None);
+    let gone_veth = gone.result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     drop(gone.ns); // the veth pair goes with the netns; the attachment stays
+                   // Netns teardown runs in a kernel workqueue: wait until the host veth is really gone.
+    let t = std::time::Instant::now();
+    while n.host_veths().contains(&gone_veth) && t.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert_eq!(attached(n).len(), 3);
     let mut gc = n.plugin_config(None, None);
     gc["cni.dev/valid-attachments"] = json!([
