@@ -184,18 +184,31 @@ start_ipamd() {
   fail "aliasnet-ipamd did not answer on $sock: $(tail -n 5 "$dir/ipamd.log")"
 }
 
-# stop_pid PID: SIGTERM, then SIGKILL after 5 s; only the process we started.
+# descendants PID: PID's descendant processes, deepest first.
+descendants() {
+  local child
+  for child in $(pgrep -P "$1" || true); do
+    descendants "$child"
+    echo "$child"
+  done
+}
+
+# stop_pid PID: SIGTERM to PID and its descendants (a backgrounded `in_ns cmd &` is a subshell
+# whose child is the daemon: signalling the subshell alone would orphan the daemon), then
+# SIGKILL after 5 s.
 stop_pid() {
-  local pid=$1 i
-  kill -TERM "$pid" 2>/dev/null || return 0
+  local pid=$1 i p alive
+  local -a tree
+  mapfile -t tree < <(descendants "$pid")
+  tree+=("$pid")
+  kill -TERM "${tree[@]}" 2>/dev/null || true
   for ((i = 0; i < 100; i++)); do
-    kill -0 "$pid" 2>/dev/null || {
-      wait "$pid" 2>/dev/null || true
-      return 0
-    }
+    alive=0
+    for p in "${tree[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    ((alive)) || break
     sleep 0.05
   done
-  kill -KILL "$pid" 2>/dev/null || true
+  ((alive)) && kill -KILL "${tree[@]}" 2>/dev/null
   wait "$pid" 2>/dev/null || true
 }
 

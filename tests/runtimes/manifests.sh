@@ -120,17 +120,31 @@ sys.exit(1 if errors else 0)
 EOF
 }
 
-# No Kubernetes client (nor any HTTP client) in the agents' dependency graphs.
+# No Kubernetes client in any agent's dependency graph, and no HTTP client in the plugin's or
+# shaperd's. ipamd has exactly one: hyper's client for the azure-imds pool, whose only
+# destination is the configured metadata URL (and which the strace test below watches).
 test_agents_link_no_kubernetes_client() {
   command -v cargo >/dev/null || skip "cargo not found"
-  local pkg deps bad
+  local pkg deps bad crates http='|reqwest|ureq|isahc|attohttpc|curl|hyper-util|tonic'
   for pkg in aliasnet-cni aliasnet-ipam aliasnet-shaper; do
     deps=$(cd "$REPO" && cargo tree --offline -q -p "$pkg" -e normal,build --prefix none --format '{p}' 2>&1) ||
       fail "cargo tree -p $pkg: $deps"
-    bad=$(awk '{print $1}' <<<"$deps" | sort -u |
-      grep -Ex 'kube|kube-[a-z-]+|k8s-openapi|k8s-cri|reqwest|ureq|isahc|attohttpc|curl|hyper-util|tonic' || true)
-    [[ -z $bad ]] || fail "$pkg depends on: $bad"
-    log "$pkg: $(awk '{print $1}' <<<"$deps" | sort -u | wc -l) crates, none a Kubernetes or HTTP client"
+    crates=$(awk '{print $1}' <<<"$deps" | sort -u)
+    bad=$(grep -Ex 'kube|kube-[a-z-]+|k8s-openapi|k8s-cri|kubernetes|tower-http' <<<"$crates" || true)
+    [[ -z $bad ]] || fail "$pkg depends on a Kubernetes client: $bad"
+    if [[ $pkg == aliasnet-ipam ]]; then
+      bad=$(grep -Ex 'reqwest|ureq|isahc|attohttpc|curl|tonic' <<<"$crates" || true)
+      [[ -z $bad ]] || fail "$pkg depends on an HTTP client beyond hyper's (IMDS): $bad"
+      log "$pkg: $(wc -l <<<"$crates") crates, no Kubernetes client; HTTP: hyper only (IMDS pool, metrics)"
+      continue
+    fi
+    # shaperd serves /metrics with hyper's server; hyper-util's client is not compiled in.
+    bad=$(grep -Ex "kube${http}" <<<"$crates" | grep -vx hyper-util || true)
+    [[ -z $bad ]] || fail "$pkg depends on an HTTP client: $bad"
+    if [[ $pkg == aliasnet-cni ]] && grep -qx 'hyper\|hyper-util' <<<"$crates"; then
+      fail "the CNI plugin links hyper"
+    fi
+    log "$pkg: $(wc -l <<<"$crates") crates, none a Kubernetes or HTTP client"
   done
 }
 
@@ -240,12 +254,14 @@ test_agents_work_with_only_the_manifest_capabilities() {
 }
 
 # unexpected_destinations STRACE SOCKET: the sockaddrs that connect/sendto/sendmsg calls in
-# STRACE were aimed at, other than netlink and SOCKET. (Netlink payloads also say AF_INET as
-# rtm_family=...; only sa_family=... is an address.)
+# STRACE were aimed at, other than netlink, SOCKET and glibc's NSS cache probe (nscd's local
+# socket, which a shell or a python interpreter may try). (Netlink payloads also say AF_INET
+# as rtm_family=...; only sa_family=... is an address.)
 unexpected_destinations() {
   grep -E '^[0-9]+ +(connect|sendto|sendmsg)\(' "$1" |
     grep -oE 'sa_family=AF_[A-Z0-9]+(, sun_path="[^"]*")?' | sort -u |
-    grep -vx -e 'sa_family=AF_NETLINK' -e "sa_family=AF_UNIX, sun_path=\"$2\"" || true
+    grep -vx -e 'sa_family=AF_NETLINK' -e "sa_family=AF_UNIX, sun_path=\"$2\"" \
+      -e 'sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"' -e 'sa_family=AF_UNIX, sun_path="/run/nscd/socket"' || true
 }
 
 # strace every connect/sendto/sendmsg of the daemons and of the plugin (a full ADD/DEL) in a
@@ -270,7 +286,7 @@ test_agents_connect_only_to_configured_sockets() {
 
   # Negative control: the filter does catch a TCP connection attempt.
   in_ns "$node" "${trace[@]}" "$dir/control.strace" \
-    python3 -c 'import socket; s = socket.socket(); s.settimeout(0.2)
+    /usr/bin/python3 -c 'import socket; s = socket.socket(); s.settimeout(0.2)
 try: s.connect(("198.51.100.77", 443))
 except OSError: pass' || true
   [[ $(unexpected_destinations "$dir/control.strace" "$dir/ipamd.sock") == sa_family=AF_INET ]] ||
