@@ -648,6 +648,17 @@ impl Bench {
         Ok(())
     }
 
+    /// `(rx, tx)` packets of a device (skbs, for veth).
+    fn link_packets(&self, role: &str, dev: &str) -> Result<(u64, u64)> {
+        let out = self.exec(role, &["ip", "-s", "-j", "link", "show", "dev", dev])?;
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        let st = &v[0]["stats64"];
+        Ok((
+            st["rx"]["packets"].as_u64().context("rx packets")?,
+            st["tx"]["packets"].as_u64().context("tx packets")?,
+        ))
+    }
+
     /// Root qdisc `(bytes, drops)` of a device.
     fn qdisc_counters(&self, role: &str, dev: &str) -> Result<(u64, u64)> {
         let out = self.exec(role, &["tc", "-s", "-j", "qdisc", "show", "dev", dev])?;
@@ -1195,6 +1206,7 @@ fn throughput_section(
 ) -> Result<()> {
     let load0 = loadavg();
     let mut res: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut skbs: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
     b.set_cc_mode(Cc::Default)?;
     for rep in 0..args.throughput_reps {
         for &v in variants {
@@ -1214,7 +1226,19 @@ fn throughput_section(
                 "iptables mangle (4 rules)" => iptables(b, true)?,
                 other => bail!("unknown variant {other}"),
             }
+            let link0 = b.link_packets("node", "vh1")?;
             let r = b.iperf("pod", receiver, dst, None, args.secs, None, None);
+            let link1 = b.link_packets("node", "vh1")?;
+            // skbs per second through the host veth's two hooks (veth counts skbs, not
+            // segments): what the programs run on.
+            let skb_rates = r.as_ref().map_or((0.0, 0.0), |r| {
+                let s = r.seconds.max(1e-3);
+                (
+                    (link1.0 - link0.0) as f64 / s,
+                    (link1.1 - link0.1) as f64 / s,
+                )
+            });
+            skbs.entry(v).or_default().push(skb_rates);
             match v {
                 "nothing" => {}
                 "iptables mangle (4 rules)" => {
@@ -1226,8 +1250,10 @@ fn throughput_section(
             }
             let r = r?;
             eprintln!(
-                "rep {rep} {title}: {v:<36} {:8.1} Mbit/s{check} [load {}]",
+                "rep {rep} {title}: {v:<36} {:8.1} Mbit/s{check}, host veth skbs/s in {:.0} out {:.0} [load {}]",
                 r.mbps,
+                skb_rates.0,
+                skb_rates.1,
                 loadavg()
             );
             b.record(&json!({
@@ -1240,7 +1266,8 @@ fn throughput_section(
     let base = median(&res["nothing"]);
     let _ = writeln!(
         report,
-        "\n### {title}\n\niperf3 TCP {} s, default congestion control, {} interleaved runs; load average {} at the start, {} at the end.\n\n| variant | median Mbit/s | min - max | vs nothing |\n|---|---|---|---|",
+        "\n### {title}\n\niperf3 TCP {} s, default congestion control, {} interleaved runs; load average {} at the start, {} at the end. \
+         skbs/s: through the pod's host veth (veth counts skbs; a GSO skb is one), from the pod / to the pod.\n\n| variant | median Mbit/s | min - max | vs nothing | skbs/s from / to the pod |\n|---|---|---|---|---|",
         args.secs,
         args.throughput_reps,
         load0,
@@ -1250,11 +1277,14 @@ fn throughput_section(
         let s = &res[v];
         let lo = s.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = s.iter().copied().fold(0.0, f64::max);
+        let sk = &skbs[v];
         let _ = writeln!(
             report,
-            "| {v} | {:.0} | {lo:.0} - {hi:.0} | {:.1} % |",
+            "| {v} | {:.0} | {lo:.0} - {hi:.0} | {:.1} % | {:.0} / {:.0} |",
             median(s),
-            100.0 * median(s) / base
+            100.0 * median(s) / base,
+            median(&sk.iter().map(|x| x.0).collect::<Vec<_>>()),
+            median(&sk.iter().map(|x| x.1).collect::<Vec<_>>()),
         );
     }
     Ok(())
