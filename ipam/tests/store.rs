@@ -215,3 +215,32 @@ async fn a_log_torn_while_being_created_is_reinitialised() {
     assert_eq!(list(&env.socket()).await.len(), 3);
     d.shutdown().await;
 }
+
+/// A state written by a newer daemon (a downgrade) is refused with the file and both versions
+/// named, never read as garbage nor replaced by an empty state; the original file is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_format_version_is_refused_clearly() {
+    let (env, leases) = env_with_leases(3).await;
+    compact(&env);
+    let snap = env.state_dir().join(SNAPSHOT_FILE);
+    let good = fs::read(&snap).unwrap();
+    let mut newer = good.clone();
+    let future = record::FORMAT_VERSION + 1;
+    newer[8..12].copy_from_slice(&future.to_le_bytes());
+    // A valid header checksum: the version, not damage, is what must be refused.
+    let crc = crc32fast::hash(&newer[..24]);
+    newer[24..28].copy_from_slice(&crc.to_le_bytes());
+    fs::write(&snap, &newer).unwrap();
+    let e = start_err(&env).await;
+    assert!(e.contains(&snap.display().to_string()), "{e}");
+    assert!(
+        e.contains(&format!("format version {future}")) && e.contains("reads versions"),
+        "{e}"
+    );
+    assert_eq!(fs::read(&snap).unwrap(), newer, "the refused file was changed");
+
+    fs::write(&snap, &good).unwrap();
+    let d = env.start(Arc::new(Recorder::default())).await;
+    assert_eq!(list(&env.socket()).await, leases);
+    d.shutdown().await;
+}

@@ -483,9 +483,22 @@ impl Datapath {
             pins,
         };
         let cfg = dp.config()?;
-        if cfg.abi_version != abi::ABI_VERSION {
+        if cfg.abi_version == 0 {
             return Err(ShaperError::NotInitialised {
                 root: dp.pins.root.clone(),
+            });
+        }
+        if cfg.abi_version != abi::ABI_VERSION {
+            // Pins of another release (an up- or downgrade half done): say so, rather than
+            // "not initialised", so the operator knows which side to roll.
+            return Err(ShaperError::AbiMismatch {
+                root: dp.pins.root.clone(),
+                name: maps::CONFIG.to_owned(),
+                reason: format!(
+                    "ABI version {}, this build speaks {}",
+                    cfg.abi_version,
+                    abi::ABI_VERSION
+                ),
             });
         }
         for name in programs::ALL {

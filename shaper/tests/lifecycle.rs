@@ -371,3 +371,52 @@ fn upgrade_switches_live_filters_to_new_programs() {
         before + 5
     );
 }
+
+/// Pinned maps of another ABI version (a downgrade, or an upgrade half done) are never reused:
+/// shaperd refuses to start and the plugin's open refuses to attach, both naming the versions
+/// and what to do; with the right version back, everything works again.
+#[test]
+fn pinned_maps_of_another_abi_are_refused() {
+    if !require_root() {
+        return;
+    }
+    let f = Fabric::new();
+    let path = f.write_policy(POLICY_A);
+    assert!(f.shaperd_once(&path).status.success());
+    let set_abi = |v: u32| {
+        let data = aya::maps::MapData::from_pin(f.pin_root().join("maps").join(maps::CONFIG))
+            .expect("config pin");
+        let mut cfg: aya::maps::Array<_, abi::Config> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(data)).expect("array");
+        let mut c = cfg.get(&0, 0).expect("config");
+        c.abi_version = v;
+        cfg.set(0, c, 0).expect("write config");
+    };
+    let other = abi::ABI_VERSION + 1;
+    set_abi(other);
+
+    let out = f.shaperd_once(&path);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "shaperd reused maps of ABI {other}");
+    assert!(
+        log.contains(&format!("ABI version {other}, this build speaks {}", abi::ABI_VERSION))
+            && log.contains("drain the node and remove"),
+        "{log}"
+    );
+    let root = f.pin_root();
+    let e = f
+        .in_node(|| aliasnet_shaper::Datapath::open(root))
+        .err()
+        .expect("opened maps of another ABI");
+    assert!(
+        matches!(e, aliasnet_shaper::ShaperError::AbiMismatch { .. }),
+        "{e}"
+    );
+
+    set_abi(abi::ABI_VERSION);
+    assert!(f.shaperd_once(&path).status.success());
+    let mut dp = f.open();
+    let att = f.attachment(Limits::default());
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    assert_eq!(f.ping("pod", INTERNET, 2, 100, &[]), 2);
+}

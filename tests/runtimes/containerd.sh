@@ -41,7 +41,7 @@ ctr_env() {
   fi
 
   mkdir -p "$S"/{src,etc,state/spool,run,log}
-  jq --arg s "$S" '.plugins[0] += {datapath: "off", ipamSocket: ($s + "/run/ipamd.sock"),
+  jq --arg s "$S" '.plugins[0] += {datapath: "required", bpfPinRoot: ($s + "/bpf/aliasnet"), ipamSocket: ($s + "/run/ipamd.sock"),
       spoolDir: ($s + "/state/spool"), logFile: ($s + "/log/cni.log"), logLevel: "debug"}' \
     "$REPO/install/etc/10-aliasnet.conflist" >"$S/src/10-aliasnet.conflist"
   sed -e "s|^socket = .*|socket = \"$S/run/ipamd.sock\"|" \
@@ -57,6 +57,7 @@ ctr_env() {
   cp "$S/etc/ipamd.toml" "$S/ipamd.toml"
   start_ipamd "$NODE" "$S" "$S/run/ipamd.sock"
   SOCK=$S/run/ipamd.sock
+  start_datapath "$S"
 
   mkdir -p "$S/containerd"
   cat >"$S/containerd.toml" <<EOF
@@ -152,6 +153,7 @@ assert_clean() {
   [[ -z $l ]] || fail "leaked host veths: $l"
   l=$(node_pod_routes "$NODE")
   [[ -z $l ]] || fail "leaked routes: $l"
+  assert_no_map_entries
 }
 
 test_ctr_run_cni_addresses_ping_and_rm_releases() {
@@ -169,6 +171,8 @@ test_ctr_run_cni_addresses_ping_and_rm_releases() {
   c tasks exec --exec-id p1 c1 ping -c 2 -W 2 "$ip2" >/dev/null || fail "c1 cannot ping c2"
   c tasks exec --exec-id p2 c2 ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "c2 cannot ping the internet host"
   assert_eq "$(in_ns "$NODE" sysctl -n net.ipv4.ip_forward)" 1 "node ip_forward"
+  attached_pods | grep -qx "$NS-c1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
+  attached_pods | grep -qx "$NS-c2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
 
   # --rm in the foreground: ADD, then on exit DEL with CNI_NETNS empty (the task and its netns
   # are gone by then). DEL must succeed and release the address.
@@ -185,6 +189,7 @@ test_ctr_run_cni_addresses_ping_and_rm_releases() {
   grep -q "\"$NS-c3\"\|CNI_CONTAINERID=$NS-c3\"" <<<"$del" || fail "the DEL was not for c3: $del"
   if leases "$SOCK" | grep -q "/$NS-c3/"; then fail "ctr run --rm left c3's lease: $(leases "$SOCK")"; fi
   assert_eq "$(leases "$SOCK" | wc -l)" 2 "leases after c3"
+  assert_eq "$(attached_pods | wc -l)" 2 "datapath attachments after c3 (its DEL without a netns detached it)"
   log "c3 (--rm): $(awk '{print $4}' <<<"$out"), released on exit"
   c tasks kill -s KILL c1 >/dev/null
   c tasks kill -s KILL c2 >/dev/null
@@ -223,6 +228,7 @@ test_ctr_detached_leak_reclaimed_by_gc() {
   gc "[{\"containerID\": \"$NS-keep\", \"ifname\": \"eth0\"}]" || fail "GC failed"
   if leases "$SOCK" | grep -q "/$NS-gone/"; then fail "GC did not reclaim $ipg"; fi
   leases "$SOCK" | grep -qx "$ipk aliasnet/$NS-keep/eth0" || fail "GC released a valid attachment"
+  assert_eq "$(attached_pods)" "$NS-keep $ipk" "datapath attachments after GC"
   c tasks exec --exec-id p1 keep ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "the kept container lost connectivity"
   # The pool still serves new containers.
   c run -d --cni localhost/busybox:latest next sleep 600 >/dev/null || fail "ctr run next"

@@ -238,11 +238,21 @@ test_uninstall_order_leaves_pods_intact() {
 # The DaemonSet rollout on one node: the old daemon stops, the new init container installs a
 # newer build, the new daemon starts on the same state. A pod wired before keeps its address,
 # veth, route and connectivity, and the new plugin releases it.
+# pod_view NODE PINS SOCK: the one attached pod's ingress packets (all classes) and limits, as
+# `aliasnetctl pods` reads them from the pinned maps.
+pod_view() {
+  in_ns "$1" "$BIN_DIR/aliasnetctl" pods --pin-root "$2" --socket "$3" --json |
+    jq -c '.[0] | {ingress: ([.ingress[].packets] | add), limits: .limits}'
+}
+
+# An upgrade (new plugin installed, ipamd and shaperd restarted from the new build) while a
+# shaped pod runs: no lost packet, the lease kept, the datapath counters continue (not reset),
+# the pod's limits and its qdisc stay, and the new plugin CHECKs and DELs the pod.
 test_upgrade_while_a_pod_runs() {
-  need_bins aliasnet aliasnet-ipamd
+  need_bins aliasnet aliasnet-ipamd aliasnet-shaperd aliasnetctl
   scratch_root
   inst 2>/dev/null
-  local node=anup-n-$RT_ID pod=anup-p-$RT_ID conf ip veth pid
+  local node=anup-n-$RT_ID pod=anup-p-$RT_ID conf ip veth pid spid pins=$SCRATCH/bpf/aliasnet
   new_netns "$node"
   new_netns "$pod"
   ip -n "$node" link add eth0 type veth peer name uplink-peer
@@ -250,31 +260,64 @@ test_upgrade_while_a_pod_runs() {
   ip -n "$node" link set eth0 up
   ip -n "$node" addr add 198.51.100.2/24 dev eth0
   ip -n "$node" route add default via 198.51.100.1
+  # The datapath in a private bpffs instance, shaperd running from the old build.
+  mkdir "$SCRATCH/bpf"
+  mount -t bpf bpf "$SCRATCH/bpf"
+  defer "umount $SCRATCH/bpf"
+  # start_shaperd BIN_DIR LOG: shaperd from BIN_DIR, until it says it is running.
+  start_shaperd() {
+    in_ns "$node" "$1/aliasnet-shaperd" --config "$R/etc/aliasnet/shaper.toml" --pin-root "$pins" \
+      --metrics-address off >"$2" 2>&1 &
+    spid=$!
+    defer "stop_pid $spid"
+    for _ in $(seq 200); do grep -q "running; SIGHUP" "$2" && return 0; sleep 0.05; done
+    fail "shaperd ($1) did not start: $(tail -n5 "$2")"
+  }
+  start_shaperd "$BIN_DIR" "$SCRATCH/shaperd-old.log"
   cp "$R/etc/aliasnet/ipamd.toml" "$SCRATCH/ipamd.toml"
   start_ipamd "$node" "$SCRATCH" "$R/run/aliasnet/ipamd.sock"
   pid=$(cat "$SCRATCH/ipamd.pid")
-  conf=$(plugin_conf "$R/etc/cni/net.d/10-aliasnet.conflist")
+  # kubelet's bandwidth capability, as containerd sends it (burst "unset" = 4294967295).
+  conf=$(plugin_conf "$R/etc/cni/net.d/10-aliasnet.conflist" | jq -c --arg p "$pins" '. + {datapath: "required",
+    bpfPinRoot: $p, runtimeConfig: {bandwidth: {ingressRate: 50000000, ingressBurst: 4294967295,
+    egressRate: 50000000, egressBurst: 4294967295}}}')
   defer "CNI_COMMAND=DEL CNI_CONTAINERID=cid-up CNI_NETNS= CNI_IFNAME=eth0 CNI_PATH=/ nsenter --net=/run/netns/$node $BIN_DIR/aliasnet <<<'$conf'"
   cni_call ADD "$node" "$pod" cid-up "$conf" >"$SCRATCH/add.json" || fail "ADD failed: $(cat "$SCRATCH/add.json")"
   ip=$(jq -r '.ips[0].address' "$SCRATCH/add.json" | cut -d/ -f1)
   veth=$(jq -r '.interfaces[] | select(.sandbox == null) | .name' "$SCRATCH/add.json")
+  local before after limits
+  before=$(pod_view "$node" "$pins" "$R/run/aliasnet/ipamd.sock") || fail "aliasnetctl pods failed"
+  limits=$(jq -c .limits <<<"$before")
+  [[ $(jq .ingress <<<"$limits") == 50000000 ]] || fail "the pod's limits are not in the maps: $before"
   # Traffic keeps flowing through the whole upgrade (5 s of pings; the upgrade takes ~1 s).
   in_ns "$node" ping -i 0.05 -c 100 "$ip" >"$SCRATCH/ping.out" 2>&1 &
   local ping=$! t0=$SECONDS
   defer "kill $ping"
+  sleep 0.5
   stop_pid "$pid"
+  stop_pid "$spid"
   mkdir "$SCRATCH/v2"
-  cp "$BIN_DIR/aliasnet" "$BIN_DIR/aliasnet-ipamd" "$SCRATCH/v2/"
+  cp "$BIN_DIR/aliasnet" "$BIN_DIR/aliasnet-ipamd" "$BIN_DIR/aliasnet-shaperd" "$SCRATCH/v2/"
   printf 'v2' >>"$SCRATCH/v2/aliasnet"
+  printf 'v2' >>"$SCRATCH/v2/aliasnet-shaperd"
   BIN_DIR=$SCRATCH/v2 inst --force 2>"$SCRATCH/out" || fail "upgrade install failed: $(cat "$SCRATCH/out")"
   cmp -s "$SCRATCH/v2/aliasnet" "$R/opt/cni/bin/aliasnet" || fail "the new plugin is not installed"
   start_ipamd "$node" "$SCRATCH" "$R/run/aliasnet/ipamd.sock"
+  start_shaperd "$SCRATCH/v2" "$SCRATCH/shaperd-new.log"
   ((SECONDS - t0 < 4)) || fail "the upgrade took longer than the ping window"
   wait "$ping" || true
   grep -q ' 0% packet loss' "$SCRATCH/ping.out" || fail "traffic to the pod was interrupted: $(tail -n2 "$SCRATCH/ping.out")"
   log "during the upgrade: $(grep 'packet loss' "$SCRATCH/ping.out")"
   leases "$R/run/aliasnet/ipamd.sock" | grep -q "^$ip aliasnet/cid-up/eth0$" || fail "the new daemon lost the lease of $ip"
   ip -n "$node" link show "$veth" >/dev/null 2>&1 || fail "host veth gone"
+  # Counters continue: the 100 echo requests to the pod are all counted across the restart.
+  after=$(pod_view "$node" "$pins" "$R/run/aliasnet/ipamd.sock") || fail "aliasnetctl pods failed after the upgrade"
+  (($(jq .ingress <<<"$after") >= $(jq .ingress <<<"$before") + 100)) ||
+    fail "counters were reset or lost packets: before $before, after $after"
+  assert_eq "$(jq -c .limits <<<"$after")" "$limits" "the pod's limits after the upgrade"
+  tc -n "$node" class show dev "$veth" | grep -q 'rate 50Mbit' ||
+    fail "the pod's shaping class is gone: $(tc -n "$node" class show dev "$veth")"
+  log "ingress packets $(jq .ingress <<<"$before") -> $(jq .ingress <<<"$after"); limits $limits kept"
   # The new plugin sees the pod (CHECK needs 0.4.0+) and releases it.
   cni_call CHECK "$node" "$pod" cid-up "$(jq -c --slurpfile r "$SCRATCH/add.json" '. + {prevResult: $r[0]}' <<<"$conf")" ||
     fail "CHECK with the new plugin failed"
@@ -282,6 +325,8 @@ test_upgrade_while_a_pod_runs() {
   [[ -z $(leases "$R/run/aliasnet/ipamd.sock") ]] || fail "lease left after DEL"
   for _ in $(seq 50); do ip -n "$node" link show "$veth" >/dev/null 2>&1 || break; sleep 0.1; done
   if ip -n "$node" link show "$veth" >/dev/null 2>&1; then fail "host veth left after DEL"; fi
+  [[ $(in_ns "$node" "$BIN_DIR/aliasnetctl" pods --pin-root "$pins" --socket "$R/run/aliasnet/ipamd.sock" --json) == "[]" ]] ||
+    fail "datapath entries left after DEL"
 }
 
 test_dry_run_changes_nothing() {

@@ -148,6 +148,41 @@ remove_cgroups() {
   return 0
 }
 
+# ---- the eBPF datapath ----
+# start_datapath DIR: a private bpffs instance at DIR/bpf in the runtime's mount namespace (it
+# goes with the namespace; /sys/fs/bpf is not touched) and the datapath pinned there by
+# `aliasnet-shaperd --once` in the node's netns with DIR/src/shaper.toml. Pods attach from the
+# pinned objects; shaperd need not keep running. Sets PIN_ROOT (the conflist's bpfPinRoot).
+start_datapath() {
+  local dir=$1
+  need_bins aliasnet-shaperd aliasnetctl
+  command -v bpftool >/dev/null || skip "bpftool not installed"
+  PIN_ROOT=$dir/bpf/aliasnet
+  mkdir -p "$dir/bpf"
+  mns mount -t bpf bpf "$dir/bpf" || fail "cannot mount a bpffs instance at $dir/bpf"
+  in_node "$BIN_DIR/aliasnet-shaperd" --once --config "$dir/src/shaper.toml" --pin-root "$PIN_ROOT" \
+    >"$dir/shaperd.log" 2>&1 || fail "aliasnet-shaperd --once: $(tail -n 5 "$dir/shaperd.log")"
+}
+
+# attached_pods: "CONTAINER_ID IP" of every pod with a datapath attachment, as the operator
+# sees them (`aliasnetctl pods` reads the pinned maps).
+attached_pods() {
+  in_node "$BIN_DIR/aliasnetctl" pods --pin-root "$PIN_ROOT" --socket "${SOCK:?}" --json |
+    jq -r '.[] | "\(.container_id) \(.ip)"'
+}
+
+# assert_no_map_entries: no pod left in the pinned maps (the per-pod filters and qdiscs go
+# with the veth pair, which assert_clean checks).
+assert_no_map_entries() {
+  local m n l
+  for m in an_pods an_pod_ips; do
+    n=$(mns bpftool -j map dump pinned "$PIN_ROOT/maps/$m" | jq length) || fail "bpftool map dump $m"
+    [[ $n == 0 ]] || fail "leaked $m entries: $n"
+  done
+  l=$(attached_pods) || fail "aliasnetctl pods failed"
+  [[ -z $l ]] || fail "leaked datapath attachments: $l"
+}
+
 # ---- aliasnet-ipamd ----
 # ipamd_config DIR POOL_CIDR: write DIR/ipamd.toml with everything under DIR.
 ipamd_config() {
@@ -204,7 +239,8 @@ stop_pid() {
   kill -TERM "${tree[@]}" 2>/dev/null || true
   for ((i = 0; i < 100; i++)); do
     alive=0
-    for p in "${tree[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    # A dead child of ours stays a zombie (kill -0 succeeds) until it is waited for.
+    for p in "${tree[@]}"; do [[ $(ps -o stat= -p "$p" 2>/dev/null) == [!Z]* ]] && alive=1; done
     ((alive)) || break
     sleep 0.05
   done

@@ -29,7 +29,7 @@ podman_env() {
 
   # aliasnet, installed the way the DaemonSet does it, into scratch directories.
   mkdir -p "$S"/{src,cni/bin,cni/net.d,etc,state/spool,run,log}
-  jq --arg s "$S" '.plugins[0] += {datapath: "off", ipamSocket: ($s + "/run/ipamd.sock"),
+  jq --arg s "$S" '.plugins[0] += {datapath: "required", bpfPinRoot: ($s + "/bpf/aliasnet"), ipamSocket: ($s + "/run/ipamd.sock"),
       spoolDir: ($s + "/state/spool"), logFile: ($s + "/log/cni.log"), logLevel: "debug"}' \
     "$REPO/install/etc/10-aliasnet.conflist" >"$S/src/10-aliasnet.conflist"
   sed -e "s|^socket = .*|socket = \"$S/run/ipamd.sock\"|" \
@@ -70,6 +70,7 @@ EOF
   export CONTAINERS_CONF=$S/containers.conf
   start_mount_ns
   defer "podman_teardown"
+  start_datapath "$S"
   # Image without a registry (runtimes.md): a static busybox.
   local rootfs=$S/rootfs
   mkdir -p "$rootfs"/{bin,etc,proc,sys,dev,tmp,root}
@@ -125,6 +126,7 @@ assert_clean() {
   [[ -z $l ]] || fail "leaked network namespaces: $l"
   l=$(mns find /var/lib/cni/results -type f 2>/dev/null || true)
   [[ -z $l ]] || fail "leaked libcni cache entries: $l"
+  assert_no_map_entries
 }
 
 test_podman_two_containers_ping_each_other_and_internet() {
@@ -150,6 +152,14 @@ sys.exit(0 if all(ipaddress.ip_address(a) in n for a in ('$ip1', '$ip2')) and '$
   pm exec c2 ping -c 2 -W 2 "$ip1" >/dev/null || fail "c2 cannot ping c1"
   pm exec c1 ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "c1 cannot ping the internet host"
   in_ns "anp-i-$RT_ID" ping -c 1 -W 2 "$ip2" >/dev/null || fail "the internet host cannot reach c2 (no encapsulation, routed)"
+  # Both attached to the datapath under podman's container IDs, their traffic classified.
+  attached_pods | grep -qx "$id1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
+  attached_pods | grep -qx "$id2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
+  local inet
+  inet=$(in_node "$BIN_DIR/aliasnetctl" pods --pin-root "$PIN_ROOT" --socket "$SOCK" --json |
+    jq --arg id "$id1" '.[] | select(.container_id == $id) | .egress.internet.packets')
+  ((inet >= 2)) || fail "c1's 2 pings to the internet host counted as $inet internet packets"
+  log "c1: $inet egress internet packets counted"
   # Forwarding was enabled in the node netns only (the root netns is compared by the runner).
   assert_eq "$(in_ns "$NODE" sysctl -n net.ipv4.ip_forward)" 1 "node ip_forward"
   assert_eq "$(node_links "$NODE" | wc -l)" 2 "host veths in the node"
