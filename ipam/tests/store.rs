@@ -237,7 +237,11 @@ async fn a_newer_format_version_is_refused_clearly() {
         e.contains(&format!("format version {future}")) && e.contains("reads versions"),
         "{e}"
     );
-    assert_eq!(fs::read(&snap).unwrap(), newer, "the refused file was changed");
+    assert_eq!(
+        fs::read(&snap).unwrap(),
+        newer,
+        "the refused file was changed"
+    );
 
     fs::write(&snap, &good).unwrap();
     let d = env.start(Arc::new(Recorder::default())).await;

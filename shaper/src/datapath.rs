@@ -132,7 +132,8 @@ const SPECS: [MapSpec; 9] = [
         value: 8,
         max_entries: abi::MAX_NAMESPACES,
     },
-    // ECN marking state; the programs own it, userspace only reads it.
+    // ECN marking state; the programs own it, userspace only reads it and resets a slot's
+    // entries when a new pod takes the slot.
     MapSpec {
         name: maps::VQUEUE,
         kind: MapType::Array,
@@ -306,6 +307,8 @@ pub struct Datapath {
     pub(crate) node_counters: PerCpuArray<MapData, abi::NodeCounters>,
     pub(crate) meta: Array<MapData, abi::PodMeta>,
     pub(crate) ns_rates: HashMap<MapData, abi::NsKey, abi::NsRate>,
+    /// The programs' queue model; reset per slot on attach.
+    pub(crate) vqueue: Array<MapData, abi::VQueue>,
     /// Attachment key -> slot.
     pub(crate) index: Index,
 }
@@ -469,6 +472,7 @@ impl Datapath {
         let node_counters = typed(maps::NODE_COUNTERS, Map::PerCpuArray(next()))?;
         let meta = typed(maps::POD_META, Map::Array(next()))?;
         let ns_rates = typed(maps::NS_RATES, Map::HashMap(next()))?;
+        let vqueue = typed(maps::VQUEUE, Map::Array(next()))?;
         let index = index::open_or_create(&pins, &meta)?;
         let dp = Self {
             prefixes,
@@ -479,6 +483,7 @@ impl Datapath {
             node_counters,
             meta,
             ns_rates,
+            vqueue,
             index,
             pins,
         };

@@ -530,6 +530,13 @@ impl Datapath {
         self.counters
             .set(slot, zero, 0)
             .map_err(|e| ShaperError::map(maps::COUNTERS, e))?;
+        // The previous occupant's modelled queue (a drain time up to a leaf's depth ahead, its
+        // CE and drop counts) must not carry over to this pod.
+        for class in 0..abi::VQ_PER_POD {
+            self.vqueue
+                .set(slot * abi::VQ_PER_POD + class, abi::VQueue::default(), 0)
+                .map_err(|e| ShaperError::map(maps::VQUEUE, e))?;
+        }
         self.meta
             .set(slot, *meta, 0)
             .map_err(|e| ShaperError::map(maps::POD_META, e))?;

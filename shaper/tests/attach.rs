@@ -404,3 +404,46 @@ fn key_index_survives_loss_and_stale_entries() {
     assert!(programs(&f, "vh2", "node", Hook::Ingress).is_empty());
     assert_eq!(dp.pods().unwrap().len(), 1);
 }
+
+/// A pod that takes a freed slot starts with an empty queue model: no drain time, CE marks or
+/// drops of the previous occupant carry over.
+#[test]
+fn a_reused_slot_starts_with_an_empty_queue_model() {
+    if !require_root() {
+        return;
+    }
+    let f = installed();
+    let mut dp = f.open();
+    let att = f.attachment(Limits {
+        ingress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    let slot = f.in_node(|| dp.attach_pod(&att)).expect("attach").slot;
+    let dirty = aliasnet_shaper::abi::VQueue {
+        t_empty: u64::MAX / 2,
+        ce_marked: 7,
+        dropped: 9,
+        reserved: 0,
+    };
+    {
+        use aya::maps::{Array, Map, MapData};
+        let path = f.pin_root().join("maps").join(aliasnet_ebpf::maps::VQUEUE);
+        let mut m: Array<MapData, aliasnet_shaper::abi::VQueue> =
+            Array::try_from(Map::Array(MapData::from_pin(path).unwrap())).unwrap();
+        for class in 0..abi::VQ_PER_POD {
+            m.set(slot * abi::VQ_PER_POD + class, dirty, 0).unwrap();
+        }
+    }
+    assert!(f.in_node(|| dp.detach_pod(CONTAINER_ID, "eth0")).unwrap());
+    let again = f.in_node(|| dp.attach_pod(&att)).expect("attach again");
+    assert_eq!(again.slot, slot, "the freed slot is taken again");
+    for class in 0..abi::VQ_PER_POD {
+        assert_eq!(
+            f.vqueue(slot * abi::VQ_PER_POD + class),
+            aliasnet_shaper::abi::VQueue::default(),
+            "class {class}"
+        );
+    }
+    // And the pod is shaped from an empty queue: its pings go through at once.
+    assert_eq!(f.ping("pod", INTERNET, 3, 100, &[]), 3);
+}

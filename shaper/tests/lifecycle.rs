@@ -399,8 +399,10 @@ fn pinned_maps_of_another_abi_are_refused() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "shaperd reused maps of ABI {other}");
     assert!(
-        log.contains(&format!("ABI version {other}, this build speaks {}", abi::ABI_VERSION))
-            && log.contains("drain the node and remove"),
+        log.contains(&format!(
+            "ABI version {other}, this build speaks {}",
+            abi::ABI_VERSION
+        )) && log.contains("drain the node and remove"),
         "{log}"
     );
     let root = f.pin_root();
