@@ -48,9 +48,9 @@ fn main() {
     };
     if let Some((cmd, socket)) = ctx.record {
         // The plugin lives for one call, so the daemon keeps its metrics (count and latency per
-        // verb and code). After the answer is printed; a short timeout and no error: metrics
-        // never fail or hold up a pod.
-        if let Err(e) = aliasnet_ipam_proto::client::record_op(
+        // verb and code). After the answer is printed, sent without waiting for the daemon's
+        // reply; a short timeout and no error: metrics never fail or hold up a pod.
+        if let Err(e) = aliasnet_ipam_proto::client::send_op_record(
             &socket,
             cmd.as_str(),
             cni_code,

@@ -168,3 +168,26 @@ pub fn record_op(
         other => Err(c.unexpected("RecordOp", &other)),
     }
 }
+
+/// [`record_op`] without waiting for the answer: connect, send the frame, close. The runtime
+/// waits for the plugin process to exit, so the daemon's reply would only add a scheduling
+/// round trip to every pod operation; a record lost to a daemon restart costs one sample.
+/// Bounded by `timeout` like `record_op`.
+pub fn send_op_record(
+    socket: impl AsRef<Path>,
+    verb: &str,
+    code: u32,
+    duration: Duration,
+    timeout: Duration,
+) -> Result<(), ClientError> {
+    let mut c = Client::connect(socket, timeout)?;
+    let req = Request::RecordOp {
+        verb: verb.to_owned(),
+        code,
+        duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+    };
+    frame::write_frame(&mut c.stream, &req).map_err(|source| ClientError::Protocol {
+        path: c.path.clone(),
+        source,
+    })
+}

@@ -13,7 +13,10 @@ use std::{
     time::Duration,
 };
 
-use aliasnet_ipam_proto::{client::record_op, ErrorKind, Request, Response};
+use aliasnet_ipam_proto::{
+    client::{record_op, send_op_record},
+    ErrorKind, Request, Response,
+};
 use common::*;
 
 /// Every sample line of an exposition: (series, value). Panics on a malformed line.
@@ -166,6 +169,16 @@ async fn cni_operations_are_recorded_through_the_daemon() {
             .unwrap();
         assert!((sum - 0.042).abs() < 1e-9, "{sum}");
         assert!(!text.contains("EXPLODE") && !text.contains("explode"));
+
+        // The plugin's way: sent without waiting for the reply; the daemon still counts it.
+        send_op_record(&socket, "CHECK", 0, Duration::from_millis(2), t).unwrap();
+        let check = "aliasnet_cni_operations_total{verb=\"check\",code=\"0\"}";
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while sample(&scrape(addr), check).is_none() {
+            assert!(std::time::Instant::now() < deadline, "the unacknowledged record never arrived");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(sample(&scrape(addr), check), Some(1.0));
     })
     .await
     .unwrap();
