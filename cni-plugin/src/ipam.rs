@@ -38,7 +38,15 @@ pub fn to_cni(e: &ClientError) -> CniError {
         },
         ClientError::Protocol { .. } => code::IPAM_ERROR,
     };
-    CniError::new(c, error_chain(e))
+    let mut msg = error_chain(e);
+    if e.is_unavailable() {
+        // What the operator reads in `kubectl describe pod`: say where to look.
+        msg.push_str(
+            "; is aliasnet-ipamd running on this node (the aliasnet-node DaemonSet's ipamd \
+             container) and is ipamSocket in the network config its socket?",
+        );
+    }
+    CniError::new(c, msg)
 }
 
 /// True when the daemon may have acted on the request even though we got no answer.

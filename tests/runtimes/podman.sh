@@ -239,4 +239,40 @@ test_podman_rejects_cni_110_results_and_cleans_up() {
   assert_clean
 }
 
+# Operator mistakes surface through the runtime with a message that says what to fix, and
+# leave nothing behind: a plugin type that is not installed, a cniVersion nobody speaks, the
+# daemon down.
+test_podman_bad_configs_give_operator_errors() {
+  podman_env
+  local out pid
+  jq '.name = "aliasnet-typo" | .plugins[0].type = "aliasnett"' "$S/cni/net.d/10-aliasnet.conflist" \
+    >"$S/cni/net.d/31-aliasnet-typo.conflist"
+  if out=$(run_ctr ct --network aliasnet-typo 2>&1); then fail "podman ran a container with plugin type aliasnett"; fi
+  # podman 4.3 validates the conflist first: "Error validating CNI config file <file>: [failed
+  # to find plugin "aliasnett" in path [...]]", then "network not found".
+  [[ $out == *'failed to find plugin \"aliasnett\"'* && $out == *"$S/cni/bin"* ]] ||
+    fail "the error does not name the missing plugin and where it was looked for: $out"
+  log "wrong type: $(grep -o 'failed to find plugin.*' <<<"$out" | head -n1)"
+  pm rm -f ct >/dev/null 2>&1 || true
+
+  jq '.name = "aliasnet-v9" | .cniVersion = "9.9.9"' "$S/cni/net.d/10-aliasnet.conflist" \
+    >"$S/cni/net.d/32-aliasnet-v9.conflist"
+  if out=$(run_ctr cv --network aliasnet-v9 2>&1); then fail "podman ran a container on a cniVersion 9.9.9 network"; fi
+  [[ $out == *9.9.9* ]] || fail "the error does not name the version: $out"
+  log "unsupported version: $(grep -m1 -o 'msg=.*9\.9\.9.*' <<<"$out" || echo "$out")"
+  pm rm -f cv >/dev/null 2>&1 || true
+
+  pid=$(cat "$S/ipamd.pid")
+  stop_pid "$pid"
+  if out=$(run_ctr cd 2>&1); then fail "podman ran a container with aliasnet-ipamd down"; fi
+  [[ $out == *"aliasnet-ipamd is not reachable at $SOCK"* && $out == *"is aliasnet-ipamd running on this node"* ]] ||
+    fail "the error does not say the daemon is down and where: $out"
+  log "daemon down: ${out##*Error: }"
+  pm rm -f cd >/dev/null 2>&1 || true
+  # The DEL podman sent while the daemon was down was spooled; the daemon applies it on start.
+  start_ipamd "$NODE" "$S" "$SOCK"
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") && -z $(leases "$SOCK") ]] && break; sleep 0.1; done
+  assert_clean
+}
+
 run_tests "$@"
