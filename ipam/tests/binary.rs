@@ -253,3 +253,125 @@ fn recover_rebuilds_a_corrupt_state_and_refuses_a_healthy_one() {
     wait_ready(&socket, &mut child);
     terminate(child);
 }
+
+/// Unmounts a test's tmpfs even when the test fails.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk: the state directory on a tiny tmpfs. The allocation that cannot be made
+/// durable fails with a storage error naming the file, nothing unacknowledged is kept, the
+/// daemon keeps serving what it has, allocates again once there is space, and after kill -9
+/// the state holds exactly the acknowledged leases.
+#[test]
+fn a_full_disk_fails_the_request_and_loses_nothing_acknowledged() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let env = Env::new("", "cidrs = [\"10.240.0.0/16\"]");
+    let state = env.state_dir().to_path_buf();
+    std::fs::create_dir_all(&state).unwrap();
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=256k,mode=0700",
+            "aliasnet-test-full",
+        ])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount tmpfs");
+    let _m = Mount(state.clone());
+
+    let socket = env.socket();
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    let mut acked = Vec::new();
+    let mut failure = None;
+    for i in 0..20_000 {
+        match c.call(&alloc_req(&format!("k{i}"), None)) {
+            Ok(Response::Allocated { lease }) => acked.push(lease),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => {
+                failure = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (failed_at, e) = failure.expect("256 KiB filled without a write error");
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            &e,
+            aliasnet_ipam_proto::ClientError::Refused {
+                kind: aliasnet_ipam_proto::ErrorKind::Storage,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        msg.contains(&state.display().to_string()) && msg.contains("No space left"),
+        "{msg}"
+    );
+    eprintln!("allocation {failed_at} failed: {msg}");
+
+    // Still serving; exactly the acknowledged leases; the failed key has none.
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    let Response::Leases { leases } = c.call(&Request::List).unwrap() else {
+        panic!()
+    };
+    assert_eq!(leases, acked);
+    assert_eq!(
+        c.call(&Request::Check {
+            key: key(&format!("k{failed_at}"))
+        })
+        .unwrap(),
+        Response::Lease { lease: None }
+    );
+
+    // Space again: allocations succeed.
+    let grown = Command::new("mount")
+        .args(["-o", "remount,size=16m"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(grown.success());
+    let mut more = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while more.is_none() {
+        match c.call(&alloc_req("after", None)) {
+            Ok(Response::Allocated { lease }) => more = Some(lease),
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no allocation after space was freed: {other:?}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+                c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+            }
+        }
+    }
+    acked.push(more.unwrap());
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut child = spawn(&env.config_path());
+    wait_ready(&socket, &mut child);
+    let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
+    let Response::Leases { mut leases } = c.call(&Request::List).unwrap() else {
+        panic!()
+    };
+    leases.sort_by_key(|l| l.address);
+    acked.sort_by_key(|l| l.address);
+    assert_eq!(leases, acked);
+    terminate(child);
+}
