@@ -15,7 +15,10 @@ use rtnetlink::{
         address::{AddressAttribute, AddressMessage},
         link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
-        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope, RouteType},
+        route::{
+            RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteScope,
+            RouteType,
+        },
         AddressFamily,
     },
     Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
@@ -286,6 +289,34 @@ impl Nl {
     }
 
     /// Every IPv4 route (all tables).
+    /// The default route's device, from one FIB lookup (`ip route get fibmatch`) of a
+    /// documentation address (RFC 5737: no real node routes it more specifically). A node
+    /// holds a /32 per pod, so this replaces dumping and parsing every route on each ADD. Only
+    /// a main-table unicast default with one device is taken (what the dump would choose: the
+    /// kernel's lookup picks the lowest metric too); anything else, an error included, falls
+    /// back to the dump.
+    async fn default_route_oif_by_lookup(&self) -> Option<u32> {
+        const PROBE: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = AddressFamily::Inet;
+        msg.header.destination_prefix_length = 32;
+        msg.header.flags = RouteFlags::FibMatch;
+        msg.attributes
+            .push(RouteAttribute::Destination(RouteAddress::Inet(PROBE)));
+        let m = self
+            .handle
+            .route()
+            .get(msg)
+            .execute()
+            .try_next()
+            .await
+            .ok()??;
+        let r = Route4::from_msg(m);
+        (r.dst_len == 0 && r.in_main_table() && r.kind == RouteType::Unicast)
+            .then_some(r.oif)
+            .flatten()
+    }
+
     pub async fn routes_v4(&self) -> Result<Vec<Route4>, rtnetlink::Error> {
         let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
         self.handle
@@ -355,6 +386,12 @@ impl Nl {
 
     /// MTU of the interface of the main table's default route (lowest metric wins).
     pub async fn default_route_mtu(&self) -> Result<Option<(String, u32)>, rtnetlink::Error> {
+        if let Some(oif) = self.default_route_oif_by_lookup().await {
+            return Ok(self
+                .link_by_index(oif)
+                .await?
+                .and_then(|l| l.mtu.map(|m| (l.name, m))));
+        }
         let routes = self.routes_v4().await?;
         let best = routes
             .iter()
