@@ -158,12 +158,7 @@ pub fn record_op(
     timeout: Duration,
 ) -> Result<(), ClientError> {
     let mut c = Client::connect(socket, timeout)?;
-    let req = Request::RecordOp {
-        verb: verb.to_owned(),
-        code,
-        duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
-    };
-    match c.call(&req)? {
+    match c.call(&record_op_request(verb, code, duration))? {
         Response::Recorded => Ok(()),
         other => Err(c.unexpected("RecordOp", &other)),
     }
@@ -181,13 +176,17 @@ pub fn send_op_record(
     timeout: Duration,
 ) -> Result<(), ClientError> {
     let mut c = Client::connect(socket, timeout)?;
-    let req = Request::RecordOp {
-        verb: verb.to_owned(),
-        code,
-        duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
-    };
+    let req = record_op_request(verb, code, duration);
     frame::write_frame(&mut c.stream, &req).map_err(|source| ClientError::Protocol {
         path: c.path.clone(),
         source,
     })
+}
+
+fn record_op_request(verb: &str, code: u32, duration: Duration) -> Request {
+    Request::RecordOp {
+        verb: verb.to_owned(),
+        code,
+        duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+    }
 }
