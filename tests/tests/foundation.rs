@@ -1,7 +1,7 @@
 //! End-to-end tests of the alias-IP datapath through the real `aliasnet` binary and
 //! `aliasnet-ipamd`, on the namespace fabric (see `aliasnet_tests::fabric`).
 
-use std::{net::Ipv4Addr, process::Stdio, time::Duration};
+use std::{net::Ipv4Addr, os::unix::fs::MetadataExt, process::Stdio, time::Duration};
 
 use aliasnet_tests::{
     cni::Invocation,
@@ -245,6 +245,17 @@ fn mtu_override_and_proc_netns_path() {
         .spawn()
         .expect("sleep in pod netns");
     let proc_path = format!("/proc/{}/ns/net", holder.id());
+    // nsenter enters the netns after the fork: until it has, /proc/<pid>/ns/net is the root
+    // namespace, and an ADD there would touch the host. Wait for the pod's namespace.
+    let want = std::fs::metadata(pod_ns.path()).unwrap().ino();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&proc_path).map(|m| m.ino()).ok() != Some(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the holder never entered the pod netns"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let inv = Invocation::new(
         "ADD",
         "ctr-proc",
