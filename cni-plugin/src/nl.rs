@@ -386,20 +386,20 @@ impl Nl {
 
     /// MTU of the interface of the main table's default route (lowest metric wins).
     pub async fn default_route_mtu(&self) -> Result<Option<(String, u32)>, rtnetlink::Error> {
-        if let Some(oif) = self.default_route_oif_by_lookup().await {
-            return Ok(self
-                .link_by_index(oif)
-                .await?
-                .and_then(|l| l.mtu.map(|m| (l.name, m))));
-        }
-        let routes = self.routes_v4().await?;
-        let best = routes
-            .iter()
-            .filter(|r| r.dst_len == 0 && r.in_main_table() && r.kind == RouteType::Unicast)
-            .filter(|r| r.oif.is_some())
-            .min_by_key(|r| r.priority);
-        let Some(oif) = best.and_then(|r| r.oif) else {
-            return Ok(None);
+        let oif = match self.default_route_oif_by_lookup().await {
+            Some(oif) => oif,
+            None => {
+                let routes = self.routes_v4().await?;
+                let best = routes
+                    .iter()
+                    .filter(|r| r.dst_len == 0 && r.in_main_table() && r.kind == RouteType::Unicast)
+                    .filter(|r| r.oif.is_some())
+                    .min_by_key(|r| r.priority);
+                let Some(oif) = best.and_then(|r| r.oif) else {
+                    return Ok(None);
+                };
+                oif
+            }
         };
         Ok(self
             .link_by_index(oif)

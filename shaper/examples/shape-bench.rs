@@ -1357,6 +1357,26 @@ fn load_noop() -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// `BPF_PROG_TEST_RUN` repetitions per measurement, and measurements per point (`cost`).
+const REPEAT: u32 = 1_000_000;
+const RUNS: usize = 5;
+
+/// `RUNS` measurements of `prog` on `pkt`: the average ns per run the kernel reports for each.
+fn test_run_ns(prog: &SchedClassifier, pkt: &[u8]) -> Result<Vec<f64>> {
+    let mut out = vec![0u8; pkt.len() + 256];
+    (0..RUNS)
+        .map(|_| {
+            let r = prog.test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                repeat: REPEAT,
+                ..TestRunOptions::new()
+            })?;
+            Ok(r.duration.as_nanos() as f64)
+        })
+        .collect()
+}
+
 /// Average ns per run the kernel reports for `repeat` runs.
 fn test_run_raw(fd: &OwnedFd, pkt: &[u8], repeat: u32) -> Result<u32> {
     let mut out = vec![0u8; pkt.len() + 256];
@@ -1385,8 +1405,6 @@ fn test_run_raw(fd: &OwnedFd, pkt: &[u8], repeat: u32) -> Result<u32> {
 }
 
 fn cost(report: &mut String) -> Result<()> {
-    const REPEAT: u32 = 1_000_000;
-    const RUNS: usize = 5;
     let load0 = loadavg();
     let hit_dst = [10, 77, 1, 2];
     let miss_dst = [203, 0, 113, 9];
@@ -1463,23 +1481,8 @@ fn cost(report: &mut String) -> Result<()> {
             .program(programs::HOST_INGRESS)
             .context("program")?
             .try_into()?;
-        let measure = |dst: [u8; 4]| -> Result<Vec<f64>> {
-            let pkt = udp_frame(dst);
-            let mut out = vec![0u8; pkt.len() + 256];
-            (0..RUNS)
-                .map(|_| {
-                    let r = prog.test_run(TestRunOptions {
-                        data_in: Some(&pkt),
-                        data_out: Some(&mut out),
-                        repeat: REPEAT,
-                        ..TestRunOptions::new()
-                    })?;
-                    Ok(r.duration.as_nanos() as f64)
-                })
-                .collect()
-        };
-        let hit = measure(hit_dst)?;
-        let miss = measure(miss_dst)?;
+        let hit = test_run_ns(prog, &udp_frame(hit_dst))?;
+        let miss = test_run_ns(prog, &udp_frame(miss_dst))?;
         eprintln!("cost {n} prefixes: hit {hit:?} miss {miss:?} noop {noop_ns:?}");
         if n == 10 {
             // The other direction of a pod with an ingress limit: classification, counting
@@ -1503,18 +1506,7 @@ fn cost(report: &mut String) -> Result<()> {
             pkt[14 + 1] = 0x02; // ECT(0)
             pkt[14 + 9] = 6; // TCP
             pkt[14 + 12..14 + 16].copy_from_slice(&[203, 0, 113, 9]);
-            let mut out = vec![0u8; pkt.len() + 256];
-            let model: Vec<f64> = (0..RUNS)
-                .map(|_| {
-                    let r = prog.test_run(TestRunOptions {
-                        data_in: Some(&pkt),
-                        data_out: Some(&mut out),
-                        repeat: REPEAT,
-                        ..TestRunOptions::new()
-                    })?;
-                    Ok(r.duration.as_nanos() as f64)
-                })
-                .collect::<Result<_>>()?;
+            let model = test_run_ns(prog, &pkt)?;
             eprintln!("cost an_host_egress with the queue model: {model:?}");
             model_row = format!(
                 "| 10, `an_host_egress` of a pod with an ingress limit (queue model, CE mark) | {:.0} / {:.0} | | {:.0} |",

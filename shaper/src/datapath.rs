@@ -237,6 +237,21 @@ pub(crate) fn is_not_found(e: &MapError) -> bool {
     }
 }
 
+/// Pinned maps written by a build of another ABI version are never reused.
+fn check_abi_version(root: &Path, version: u32) -> Result<(), ShaperError> {
+    if version == abi::ABI_VERSION {
+        return Ok(());
+    }
+    Err(ShaperError::AbiMismatch {
+        root: root.to_owned(),
+        name: maps::CONFIG.to_owned(),
+        reason: format!(
+            "ABI version {version}, this build speaks {}",
+            abi::ABI_VERSION
+        ),
+    })
+}
+
 fn check_spec(root: &Path, spec: &MapSpec, data: &MapData) -> Result<(), ShaperError> {
     let info = data.info().map_err(|e| ShaperError::map(spec.name, e))?;
     let mismatch = |reason: String| ShaperError::AbiMismatch {
@@ -352,16 +367,8 @@ impl Datapath {
             let c = cfg
                 .get(&0, 0)
                 .map_err(|e| ShaperError::map(maps::CONFIG, e))?;
-            if c.abi_version != 0 && c.abi_version != abi::ABI_VERSION {
-                return Err(ShaperError::AbiMismatch {
-                    root: pins.root.clone(),
-                    name: maps::CONFIG.to_owned(),
-                    reason: format!(
-                        "ABI version {}, this build speaks {}",
-                        c.abi_version,
-                        abi::ABI_VERSION
-                    ),
-                });
+            if c.abi_version != 0 {
+                check_abi_version(&pins.root, c.abi_version)?;
             }
         }
 
@@ -493,19 +500,9 @@ impl Datapath {
                 root: dp.pins.root.clone(),
             });
         }
-        if cfg.abi_version != abi::ABI_VERSION {
-            // Pins of another release (an up- or downgrade half done): say so, rather than
-            // "not initialised", so the operator knows which side to roll.
-            return Err(ShaperError::AbiMismatch {
-                root: dp.pins.root.clone(),
-                name: maps::CONFIG.to_owned(),
-                reason: format!(
-                    "ABI version {}, this build speaks {}",
-                    cfg.abi_version,
-                    abi::ABI_VERSION
-                ),
-            });
-        }
+        // Pins of another release (an up- or downgrade half done): say so, rather than "not
+        // initialised", so the operator knows which side to roll.
+        check_abi_version(&dp.pins.root, cfg.abi_version)?;
         for name in programs::ALL {
             if !dp.pins.prog(name).exists() {
                 return Err(ShaperError::NotInitialised {

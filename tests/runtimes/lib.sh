@@ -164,11 +164,15 @@ start_datapath() {
     >"$dir/shaperd.log" 2>&1 || fail "aliasnet-shaperd --once: $(tail -n 5 "$dir/shaperd.log")"
 }
 
-# attached_pods: "CONTAINER_ID IP" of every pod with a datapath attachment, as the operator
-# sees them (`aliasnetctl pods` reads the pinned maps).
+# pods_json: the node's attached pods as the operator sees them (`aliasnetctl pods --json`
+# reads the pinned maps).
+pods_json() {
+  in_node "$BIN_DIR/aliasnetctl" pods --pin-root "$PIN_ROOT" --socket "${SOCK:?}" --json
+}
+
+# attached_pods: "CONTAINER_ID IP" of every pod with a datapath attachment.
 attached_pods() {
-  in_node "$BIN_DIR/aliasnetctl" pods --pin-root "$PIN_ROOT" --socket "${SOCK:?}" --json |
-    jq -r '.[] | "\(.container_id) \(.ip)"'
+  pods_json | jq -r '.[] | "\(.container_id) \(.ip)"'
 }
 
 # assert_no_map_entries: no pod left in the pinned maps (the per-pod filters and qdiscs go

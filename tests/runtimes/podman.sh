@@ -156,8 +156,7 @@ sys.exit(0 if all(ipaddress.ip_address(a) in n for a in ('$ip1', '$ip2')) and '$
   attached_pods | grep -qx "$id1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
   attached_pods | grep -qx "$id2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
   local inet
-  inet=$(in_node "$BIN_DIR/aliasnetctl" pods --pin-root "$PIN_ROOT" --socket "$SOCK" --json |
-    jq --arg id "$id1" '.[] | select(.container_id == $id) | .egress.internet.packets')
+  inet=$(pods_json | jq --arg id "$id1" '.[] | select(.container_id == $id) | .egress.internet.packets')
   ((inet >= 2)) || fail "c1's 2 pings to the internet host counted as $inet internet packets"
   log "c1: $inet egress internet packets counted"
   # Forwarding was enabled in the node netns only (the root netns is compared by the runner).
