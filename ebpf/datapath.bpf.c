@@ -5,13 +5,16 @@
  * count it per pod x direction x class, drop blocked traffic, and pick the HTB
  * class that shapes it.
  *
- *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): count, drop blocked
+ *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): count, drop blocked,
+ *                    clamp the TCP windows of a pod with an ingress limit (see clamp_window())
  *   an_host_egress   host veth egress   (pod ingress, remote = src): count, drop blocked,
- *                    CE-mark above the pod's ingress limit (see shape_remote())
- *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = internet or other class,
- *                    CE-mark above the pod's egress limits
- *   an_uplink        node uplink egress (pod src, remote = dst): skb->priority = node cap class,
- *                    CE-mark above the node cap
+ *                    leaf of the pod's ingress limit, CE-mark above it (see shape_remote())
+ *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = leaf of the internet
+ *                    or other class, CE-mark above the pod's egress limits
+ *   an_uplink        node uplink egress (pod src, remote = dst): skb->priority = leaf of the
+ *                    node cap class, CE-mark above the node cap
+ *
+ * Every shaped class has a sparse and a bulk leaf; pick_leaf() chooses (see an_flows).
  *
  * The per-pod programs run as direct-action cls_bpf filters (clsact), an_uplink
  * with TCX. Paths that do not decide return TC_ACT_UNSPEC: the next filter runs
@@ -90,6 +93,20 @@ struct {
 } an_vqueue SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct an_flow);
+	__uint(max_entries, AN_FLOW_ENTRIES);
+} an_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct an_conn_key);
+	__type(value, struct an_conn);
+	__uint(max_entries, AN_MAX_CONNS);
+} an_conns SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct an_ns_key);
 	__type(value, struct an_ns_rate);
@@ -106,6 +123,8 @@ struct an_pkt {
 	__u8 ihl;
 	__u8 pad;
 	__u64 bytes;
+	__u32 ports; /* TCP/UDP source and destination port, 0 for fragments and other protocols */
+	__u32 pad2;
 };
 
 #define NSEC_PER_SEC 1000000000ULL
@@ -133,6 +152,10 @@ static __always_inline int parse(struct __sk_buff *skb, struct an_pkt *p)
 	p->tos = iph.tos;
 	p->proto = iph.protocol;
 	p->ihl = iph.ihl;
+	/* Fragments (first one included) hash without ports, so all of a datagram stays in one leaf. */
+	if ((iph.protocol == IPPROTO_TCP || iph.protocol == IPPROTO_UDP) &&
+	    !(iph.frag_off & bpf_htons(0x3fff)))
+		bpf_skb_load_bytes(skb, ETH_HLEN + iph.ihl * 4, &p->ports, 4);
 
 	/* A GSO skb is several packets on the wire, each with its own headers. */
 	if (skb->gso_segs > 1) {
@@ -272,6 +295,65 @@ static __always_inline struct an_vqueue *vq_of(__u32 idx, __u64 rate)
 	return rate ? bpf_map_lookup_elem(&an_vqueue, &idx) : NULL;
 }
 
+static __always_inline int flows_on(const struct an_config *cfg)
+{
+	return !cfg || !(cfg->flags & AN_CFG_FLOWS_OFF);
+}
+
+/* The flow state of a packet in the class of an_vqueue index `idx`. */
+static __always_inline struct an_flow *flow_of(__u32 idx, const struct an_pkt *p)
+{
+	__u32 h = p->saddr ^ (p->daddr * 0x9e3779b1u) ^ (p->ports * 0x85ebca6bu) ^ p->proto;
+	__u32 key;
+
+	h ^= h >> 16;
+	h *= 0x7feb352du;
+	h ^= h >> 15;
+	key = idx * AN_FLOW_BUCKETS + (h & (AN_FLOW_BUCKETS - 1));
+	return bpf_map_lookup_elem(&an_flows, &key);
+}
+
+/*
+ * Whether a packet of flow `f` in a class of `rate` takes the sparse leaf (see an_flows in
+ * the ABI header); charges the flow's sparse budget if so. Two CPUs updating one flow can
+ * race: a lost update lets one more packet of the budget through.
+ */
+static __always_inline int pick_sparse(const struct an_config *cfg, struct an_flow *f,
+				       __u64 rate, const struct an_pkt *p, __u64 now)
+{
+	__u64 frate = rate / AN_FLOW_RATE_DIV, burst, floor, t;
+
+	if (!f || !flows_on(cfg))
+		return 0;
+	/* Its packets still in the bulk leaf would be overtaken. */
+	if (*(volatile __u64 *)&f->t_bulk + tx_ns(AN_FLOW_GUARD_FRAMES * AN_FRAME_BYTES, rate) > now)
+		return 0;
+	if (!frate)
+		frate = 1;
+	burst = tx_ns(AN_FLOW_BURST_FRAMES * AN_FRAME_BYTES, frate);
+	floor = now > burst ? now - burst : 0;
+	t = f->t_sparse;
+	if (t < floor)
+		t = floor;
+	t += tx_ns(p->bytes, frate);
+	if (t > now)
+		return 0;
+	f->t_sparse = t;
+	return 1;
+}
+
+/* Records that the flow's newest packet went to the bulk leaf and leaves it at `t_depart`. */
+static __always_inline void flow_bulk(struct an_flow *f, __u64 t_depart)
+{
+	if (f)
+		f->t_bulk = t_depart;
+}
+
+static __always_inline __u64 t_empty_of(const struct an_vqueue *q)
+{
+	return q ? *(volatile const __u64 *)&q->t_empty : 0;
+}
+
 /*
  * A TCP segment with payload sent by a socket in this namespace that has other segments
  * in flight. Dropping it before the qdisc is not a loss for its sender: the stack gets
@@ -303,19 +385,28 @@ static __always_inline int local_tcp_data(struct __sk_buff *skb, const struct an
 }
 
 /*
- * Models a packet from a remote sender in class queue `idx` (rate 0 = not shaped) and
- * CE-marks it if it is ECN-capable and the class is congested.
+ * Forwarded traffic in shaped class `classid` with an_vqueue index `idx` (rate 0 = not
+ * shaped): picks the class's sparse or bulk leaf, models the packet in the class's queue
+ * and CE-marks a bulk packet that is ECN-capable while the class is congested.
  */
-static __always_inline void shape_remote(struct __sk_buff *skb, __u32 idx, __u64 rate,
-					 struct an_pkt *p)
+static __always_inline void shape_remote(struct __sk_buff *skb, const struct an_config *cfg,
+					 __u32 classid, __u32 idx, __u64 rate, struct an_pkt *p)
 {
 	struct an_vqueue *q = vq_of(idx, rate);
+	struct an_flow *f;
 	__u64 now;
 
 	if (!q)
 		return;
 	now = bpf_ktime_get_ns();
-	if (congested(q, rate, now))
+	f = flow_of(idx, p);
+	if (pick_sparse(cfg, f, rate, p, now)) {
+		skb->priority = classid + AN_LEAF_SPARSE;
+		vq_add(q, rate, 0, p, now);
+		return;
+	}
+	skb->priority = classid + AN_LEAF_BULK;
+	if (aqm_on(cfg) && congested(q, rate, now))
 		ce_mark(skb, p, q);
 	/*
 	 * No burst credit (t_empty = max(now, t_empty) + len / rate, as Cilium's EDT): the tbf
@@ -324,6 +415,154 @@ static __always_inline void shape_remote(struct __sk_buff *skb, __u32 idx, __u64
 	 * the configured rate instead of 95 % (larger windows, burstier sender).
 	 */
 	vq_add(q, rate, 0, p, now);
+	flow_bulk(f, t_empty_of(q));
+}
+
+/* The fixed TCP header (linux/tcp.h's bit fields are awkward here). */
+struct an_tcphdr {
+	__be16 source;
+	__be16 dest;
+	__be32 seq;
+	__be32 ack_seq;
+	__u8 doff;  /* data offset in the high nibble */
+	__u8 flags; /* CWR ECE URG ACK PSH RST SYN FIN */
+	__be16 window;
+	__be16 check;
+	__be16 urg_ptr;
+};
+
+#define AN_TCP_SYN 0x02
+#define AN_TCP_ACK 0x10
+#define AN_TCPOPT_WSCALE 3
+#define AN_TCP_MAX_WSCALE 14
+
+/*
+ * The window-scale option of a SYN or SYN-ACK whose TCP header starts at `off`, or -1 if it
+ * has none. An option the walk does not reach (more than 16 options) counts as absent, which
+ * only makes the clamp looser (see clamp_window()).
+ */
+static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 optlen)
+{
+	__u32 i = 0;
+	__u8 opt[3];
+
+	for (int n = 0; n < 16; n++) {
+		if (i >= optlen || i >= 40)
+			break;
+		if (bpf_skb_load_bytes(skb, off + 20 + i, opt, 1) < 0 || opt[0] == 0)
+			break;
+		if (opt[0] == 1) { /* NOP */
+			i++;
+			continue;
+		}
+		if (bpf_skb_load_bytes(skb, off + 20 + i, opt, 3) < 0 || opt[1] < 2)
+			break;
+		if (opt[0] == AN_TCPOPT_WSCALE && opt[1] == 3)
+			return opt[2] > AN_TCP_MAX_WSCALE ? AN_TCP_MAX_WSCALE : opt[2];
+		i += opt[1];
+	}
+	return -1;
+}
+
+static __always_inline int clamp_on(const struct an_config *cfg)
+{
+	return !cfg || !(cfg->flags & AN_CFG_CLAMP_OFF);
+}
+
+/*
+ * Caps the receive window a pod advertises on an established connection at `rate` x the
+ * handshake RTT + AN_WND_QUEUE_NS of `rate` (see an_conns in the ABI header): the remote
+ * sender then keeps at most that much in flight, and the pod's ingress class queues at most
+ * a short queue's worth of it. The window is only ever lowered.
+ */
+static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
+					 const struct an_tcphdr *th, const struct an_conn *c,
+					 __u64 rate)
+{
+	__u64 cap, field;
+	__be16 win;
+
+	/* Above 100 Gbit/s any window the field can carry is below the cap. */
+	if (rate > 100000000000ULL)
+		return;
+	cap = rate / 8 * (c->rtt_ns / 1000) / 1000000 + rate / 8 * AN_WND_QUEUE_NS / NSEC_PER_SEC;
+	if (cap < AN_WND_MIN_FRAMES * AN_FRAME_BYTES)
+		cap = AN_WND_MIN_FRAMES * AN_FRAME_BYTES;
+	/* Rounded up: never a zero window. */
+	field = (cap + (1ULL << (c->wscale & 15)) - 1) >> (c->wscale & 15);
+	if (field >= bpf_ntohs(th->window))
+		return;
+	win = bpf_htons((__u16)field);
+	if (bpf_skb_store_bytes(skb, off + 14, &win, sizeof(win), 0) < 0)
+		return;
+	bpf_l4_csum_replace(skb, off + 16, th->window, win, sizeof(win));
+}
+
+/*
+ * TCP of a pod with an ingress limit, both directions on the host veth: learns each
+ * connection's window scale and RTT from its handshake, and clamps the pod's windows.
+ */
+static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_config *cfg,
+				    __u32 slot, __u32 dir, const struct an_pkt *p)
+{
+	__u32 off = ETH_HLEN + p->ihl * 4;
+	struct an_conn_key key = {};
+	struct an_tcphdr th;
+	struct an_conn *c;
+	struct an_pod_meta *meta;
+	__u64 now;
+	int ws;
+
+	if (bpf_skb_load_bytes(skb, off, &th, sizeof(th)) < 0)
+		return;
+	if (dir == AN_DIR_EGRESS) {
+		key.pod_addr = p->saddr;
+		key.remote_addr = p->daddr;
+		key.pod_port = th.source;
+		key.remote_port = th.dest;
+	} else {
+		key.pod_addr = p->daddr;
+		key.remote_addr = p->saddr;
+		key.pod_port = th.dest;
+		key.remote_port = th.source;
+	}
+	if (dir == AN_DIR_EGRESS && (th.flags & AN_TCP_SYN)) {
+		/* The pod's SYN offers its scale; its SYN-ACK carries one only if agreed. */
+		struct an_conn n = {
+			.t_handshake = bpf_ktime_get_ns(),
+			.state = (th.flags & AN_TCP_ACK) ? AN_CONN_SYNACK_SENT : AN_CONN_SYN_SENT,
+		};
+
+		ws = tcp_wscale(skb, off, (th.doff >> 4) * 4 > 20 ? (th.doff >> 4) * 4 - 20 : 0);
+		n.wscale = ws < 0 ? 0 : ws;
+		bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
+		return;
+	}
+	if (!(th.flags & AN_TCP_ACK))
+		return;
+	c = bpf_map_lookup_elem(&an_conns, &key);
+	if (!c)
+		return;
+	if (dir == AN_DIR_INGRESS) {
+		now = bpf_ktime_get_ns();
+		if (c->state == AN_CONN_SYN_SENT && (th.flags & AN_TCP_SYN)) {
+			/* Without the option in the SYN-ACK the pod's windows are not scaled. */
+			if (tcp_wscale(skb, off,
+				       (th.doff >> 4) * 4 > 20 ? (th.doff >> 4) * 4 - 20 : 0) < 0)
+				c->wscale = 0;
+		} else if (c->state != AN_CONN_SYNACK_SENT || (th.flags & AN_TCP_SYN)) {
+			return;
+		}
+		c->rtt_ns = now - c->t_handshake > 0xffffffffULL ? 0xffffffff :
+								     now - c->t_handshake;
+		c->state = AN_CONN_ESTABLISHED;
+		return;
+	}
+	if (c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) || !clamp_on(cfg))
+		return;
+	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
+	if (meta && meta->ingress_rate)
+		clamp_window(skb, off, &th, c, meta->ingress_rate);
 }
 
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
@@ -346,15 +585,19 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	count(slot, dir, class, &p);
 	if (class == AN_CLASS_BLOCKED)
 		return TC_ACT_SHOT;
+	/* Ports are read only for unfragmented TCP and UDP, and a TCP port is never 0. */
+	if ((pod->flags & AN_POD_INGRESS_LIMIT) && p.proto == IPPROTO_TCP && p.ports)
+		pod_tcp(skb, cfg, slot, dir, &p);
 	/*
 	 * Traffic to the pod next meets the HTB class of its ingress limit on this device. Its
 	 * senders are remote, so a drop would be a loss: only ECN-capable packets are signalled.
+	 * Without the program's choice HTB's default is the bulk leaf.
 	 */
-	if (dir == AN_DIR_INGRESS && aqm_on(cfg)) {
+	if (dir == AN_DIR_INGRESS) {
 		meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 		if (meta)
-			shape_remote(skb, slot * AN_VQ_PER_POD + AN_VQ_INGRESS, meta->ingress_rate,
-				     &p);
+			shape_remote(skb, cfg, AN_CLASSID_POD_INGRESS,
+				     slot * AN_VQ_PER_POD + AN_VQ_INGRESS, meta->ingress_rate, &p);
 	}
 	return TC_ACT_UNSPEC;
 }
@@ -372,32 +615,32 @@ int an_host_egress(struct __sk_buff *skb)
 }
 
 /*
- * On the pod's eth0 (in the pod netns): choose the HTB class of the pod's egress qdisc,
- * and keep the class queues short. Above the marking threshold an ECN-capable packet is
- * CE-marked and a local TCP data segment is dropped (a congestion signal, not a loss, for
- * its local sender); anything else is left to the leaf queue, so small packets (pings,
- * DNS, ACKs) are not lost to a queue full of bulk data. Blocked traffic goes to "other"
- * and is counted and dropped on the host side.
+ * On the pod's eth0 (in the pod netns): choose the HTB leaf of the pod's egress qdisc, and
+ * keep the class queues short. Above the marking threshold a bulk packet that is
+ * ECN-capable is CE-marked and a local TCP data segment is dropped (a congestion signal,
+ * not a loss, for its local sender); anything else is left to the leaf queue. Sparse
+ * packets (pings, DNS, ACKs) take the sparse leaf and are neither marked nor dropped.
+ * Blocked traffic goes to "other" and is counted and dropped on the host side.
  */
 SEC("classifier")
 int an_pod_egress(struct __sk_buff *skb)
 {
 	struct an_pkt p = {};
-	__u32 zero = 0, slot, *s;
+	__u32 zero = 0, slot, *s, base;
 	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 	struct an_pod_meta *meta;
 	struct an_vqueue *qi, *qe, *hot = NULL;
-	__u64 now, irate, erate;
-	int internet;
+	struct an_flow *f;
+	__u64 now, irate, erate, rate, ti, te;
+	int internet, sparse;
 
 	if (!parse(skb, &p)) {
-		skb->priority = AN_CLASSID_POD_OTHER;
+		skb->priority = AN_CLASSID_POD_OTHER + AN_LEAF_BULK;
 		return TC_ACT_UNSPEC;
 	}
 	internet = classify(cfg, p.daddr) == AN_CLASS_INTERNET;
-	skb->priority = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
-	if (!aqm_on(cfg))
-		return TC_ACT_UNSPEC;
+	base = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
+	skb->priority = base + AN_LEAF_BULK;
 	/* The pod is known by its address here: this device is in the pod's namespace. */
 	s = bpf_map_lookup_elem(&an_pod_ips, &p.saddr);
 	if (!s)
@@ -409,18 +652,26 @@ int an_pod_egress(struct __sk_buff *skb)
 	/* Internet traffic passes its own class (1:10) and the total (1:1), if set. */
 	irate = internet ? meta->internet_egress_rate : 0;
 	erate = meta->egress_rate;
-	if (!irate && !erate)
+	/* The leaf's class drains at the tighter of the two. */
+	rate = irate && (!erate || irate < erate) ? irate : erate;
+	if (!rate)
 		return TC_ACT_UNSPEC;
 	qi = vq_of(slot * AN_VQ_PER_POD + AN_VQ_INTERNET, irate);
 	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_EGRESS, erate);
 	now = bpf_ktime_get_ns();
-	if (congested(qi, irate, now))
-		hot = qi;
-	else if (congested(qe, erate, now))
-		hot = qe;
-	if (hot && !ce_mark(skb, &p, hot) && (p.tos & 3) != 3 && local_tcp_data(skb, &p)) {
-		__sync_fetch_and_add(&hot->dropped, p.segs);
-		return TC_ACT_SHOT;
+	f = flow_of(slot * AN_VQ_PER_POD + (irate ? AN_VQ_INTERNET : AN_VQ_EGRESS), &p);
+	sparse = pick_sparse(cfg, f, rate, &p, now);
+	if (sparse) {
+		skb->priority = base + AN_LEAF_SPARSE;
+	} else if (aqm_on(cfg)) {
+		if (congested(qi, irate, now))
+			hot = qi;
+		else if (congested(qe, erate, now))
+			hot = qe;
+		if (hot && !ce_mark(skb, &p, hot) && (p.tos & 3) != 3 && local_tcp_data(skb, &p)) {
+			__sync_fetch_and_add(&hot->dropped, p.segs);
+			return TC_ACT_SHOT;
+		}
 	}
 	/*
 	 * FIFO leaves: the class's burst binds, the default one for the internet class and the
@@ -434,6 +685,11 @@ int an_pod_egress(struct __sk_buff *skb)
 		       meta->egress_burst ? tx_ns(meta->egress_burst, erate) :
 					    at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, erate),
 		       &p, now);
+	if (!sparse) {
+		ti = t_empty_of(qi);
+		te = t_empty_of(qe);
+		flow_bulk(f, ti > te ? ti : te);
+	}
 	return TC_ACT_UNSPEC;
 }
 
@@ -457,14 +713,15 @@ int an_uplink(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (classify(cfg, p.daddr) != AN_CLASS_INTERNET)
 		return TC_ACT_UNSPEC;
-	skb->priority = AN_CLASSID_NODE_CAP;
+	skb->priority = AN_CLASSID_NODE_CAP + AN_LEAF_BULK;
 	c = bpf_map_lookup_elem(&an_node_ctrs, &zero);
 	if (c) {
 		c->capped.packets += p.segs;
 		c->capped.bytes += p.bytes;
 	}
-	if (cfg && aqm_on(cfg))
-		shape_remote(skb, AN_VQ_NODE_CAP, cfg->node_internet_cap, &p);
+	if (cfg)
+		shape_remote(skb, cfg, AN_CLASSID_NODE_CAP, AN_VQ_NODE_CAP, cfg->node_internet_cap,
+			     &p);
 	return TC_ACT_UNSPEC;
 }
 

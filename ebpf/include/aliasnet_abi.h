@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define AN_ABI_VERSION 1
+#define AN_ABI_VERSION 2
 
 /* Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower). */
 #define AN_MAX_PODS 1024
@@ -35,14 +35,23 @@
 #define AN_NR_DIRS 2
 
 /*
- * skb->priority values the programs write; they are HTB class ids (major 1),
- * which HTB uses directly when no tc filter is installed. A value naming no
- * class falls through to HTB's default, which we leave at 0 = unshaped direct queue.
+ * HTB classes. Every shaped class is an inner class with two leaves (see an_flows): a
+ * "sparse" leaf (classid + 1, HTB prio 0) for packets of flows that have nothing queued
+ * and stay within a small per-flow budget (pings, DNS, ACKs, a new connection's first
+ * packets), and a "bulk" leaf (classid + 2, prio 1) for the rest. Both leaves share the
+ * class's rate; the sparse one is served first, so a bulk flow's queue does not delay
+ * other flows of the pod, as fq_codel's sparse flows are not (this kernel has no fq,
+ * fq_codel or sfq). The programs write the leaf's class id to skb->priority, which HTB
+ * uses directly when no tc filter is installed; a value naming no class falls through to
+ * HTB's default class.
  */
 #define AN_HTB_MAJOR 1
+#define AN_CLASSID_POD_INGRESS 0x00010001  /* host veth: 1:1 the pod's ingress limit */
 #define AN_CLASSID_POD_INTERNET 0x00010010 /* pod eth0: 1:10 internet-egress limit */
 #define AN_CLASSID_POD_OTHER 0x00010020    /* pod eth0: 1:20 rest (only with a total egress limit) */
 #define AN_CLASSID_NODE_CAP 0x00010010     /* uplink: 1:10 node-wide internet-egress cap */
+#define AN_LEAF_SPARSE 1                   /* minor offset of a class's sparse leaf */
+#define AN_LEAF_BULK 2                     /* minor offset of a class's bulk leaf */
 
 /*
  * LPM trie key. The data part is {gen, addr}: every entry has prefixlen >= 32,
@@ -68,6 +77,11 @@ _Static_assert(sizeof(struct an_lpm_value) == 8, "an_lpm_value size");
 /* Switch the queue model off: no CE marks, no pod-side drops (see an_vqueue). Not set by
  * policy; benchmarks use it to compare with and without in one run. */
 #define AN_CFG_AQM_OFF 1
+/* Switch flow isolation off: every packet of a shaped class goes to its bulk leaf. Not set
+ * by policy; benchmarks use it to compare with and without in one run. */
+#define AN_CFG_FLOWS_OFF 2
+/* Switch receive-window clamping off (see an_conns). Benchmarks only, like the two above. */
+#define AN_CFG_CLAMP_OFF 4
 
 /*
  * an_config[0]. The programs read active_gen, flags and node_internet_cap; the rest is the
@@ -86,9 +100,12 @@ struct an_config {
 _Static_assert(sizeof(struct an_config) == 64, "an_config size");
 
 /* an_pods: host veth ifindex -> pod. Written on attach, read per packet. */
+/* an_pod.flags: the pod has an ingress limit, so its TCP windows are clamped (an_conns). */
+#define AN_POD_INGRESS_LIMIT 1
+
 struct an_pod {
 	__u32 slot;   /* index into an_counters and an_pod_meta */
-	__u32 flags;
+	__u32 flags;  /* AN_POD_* */
 	__u32 ipv4;   /* network byte order */
 	__u32 reserved;
 };
@@ -201,6 +218,64 @@ struct an_vqueue {
 	__u64 reserved;
 };
 _Static_assert(sizeof(struct an_vqueue) == 32, "an_vqueue size");
+
+/*
+ * an_flows: array, per shaped class (an_vqueue index) AN_FLOW_BUCKETS buckets of flow state,
+ * indexed by a hash of the 5-tuple (addresses and protocol only for fragments). A packet goes
+ * to its class's sparse leaf when (1) none of its flow's packets is left in the bulk leaf
+ * (by the class's modelled queue, plus AN_FLOW_GUARD_FRAMES, so a flow is never reordered)
+ * and (2) the flow is within its sparse budget: a token bucket of AN_FLOW_BURST_FRAMES full
+ * frames refilled at rate / AN_FLOW_RATE_DIV. A GSO skb of more than the budget, or a flow
+ * faster than the refill, goes to the bulk leaf and stays there while it has a backlog.
+ * The sparse leaf is guaranteed rate / AN_SPARSE_RATE_DIV of the class (and may borrow up
+ * to all of it); the bulk leaf the rest. Buckets are shared by colliding flows, as in fq_codel.
+ */
+#define AN_FLOW_BUCKETS 64
+#define AN_FLOW_ENTRIES (AN_VQ_ENTRIES * AN_FLOW_BUCKETS)
+#define AN_FLOW_BURST_FRAMES 2
+#define AN_FLOW_RATE_DIV 16
+#define AN_FLOW_GUARD_FRAMES 1
+#define AN_SPARSE_RATE_DIV 4
+
+struct an_flow {
+	__u64 t_bulk;   /* modelled departure of the flow's last packet sent to the bulk leaf */
+	__u64 t_sparse; /* the flow's sparse budget: a virtual clock at rate / AN_FLOW_RATE_DIV */
+};
+_Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
+
+/*
+ * an_conns: LRU hash, TCP connections of pods with an ingress limit, learnt from their
+ * handshakes on the host veth. Traffic to such a pod comes from remote senders whose
+ * congestion control the shaper cannot signal without losses when it ignores ECN (BBRv1
+ * overshoots any drop-tail queue in its startup), so the pod's advertised receive window is
+ * capped at rate x handshake RTT + AN_WND_QUEUE_NS of the rate (at least AN_WND_MIN_FRAMES
+ * full frames): a sender can then never have more in flight than the path plus a short
+ * queue, whatever its congestion control. Only lowered, never raised; not in SYNs; only
+ * for connections whose window scale the program saw agreed in the handshake.
+ */
+#define AN_MAX_CONNS 65536
+#define AN_WND_QUEUE_NS 16000000
+#define AN_WND_MIN_FRAMES 8
+#define AN_CONN_SYN_SENT 1    /* the pod sent a SYN; its window scale holds if the SYN-ACK agrees */
+#define AN_CONN_SYNACK_SENT 2 /* the pod answered a SYN; RTT from its SYN-ACK to the next ACK */
+#define AN_CONN_ESTABLISHED 3
+
+struct an_conn_key {
+	__u32 pod_addr;    /* network byte order */
+	__u32 remote_addr;
+	__u16 pod_port;    /* network byte order */
+	__u16 remote_port;
+};
+_Static_assert(sizeof(struct an_conn_key) == 12, "an_conn_key size");
+
+struct an_conn {
+	__u64 t_handshake; /* bpf_ktime_get_ns() of the pod's SYN or SYN-ACK */
+	__u32 rtt_ns;      /* the handshake's round trip beyond the host veth */
+	__u8 wscale;       /* shift of the pod's advertised windows */
+	__u8 state;        /* AN_CONN_* */
+	__u16 reserved;
+};
+_Static_assert(sizeof(struct an_conn) == 16, "an_conn size");
 
 /* an_ns_rates: namespace name (NUL padded) -> internet-egress rate override. */
 struct an_ns_key {

@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
@@ -25,15 +25,42 @@ pub const DIR_INGRESS: usize = 1;
 pub const NR_DIRS: usize = 2;
 
 pub const HTB_MAJOR: u16 = 1;
+pub const CLASSID_POD_INGRESS: u32 = 0x0001_0001;
 pub const CLASSID_POD_INTERNET: u32 = 0x0001_0010;
 pub const CLASSID_POD_OTHER: u32 = 0x0001_0020;
 pub const CLASSID_NODE_CAP: u32 = 0x0001_0010;
+/// Minor offsets of a shaped class's two leaves (see `an_flows` in the header).
+pub const LEAF_SPARSE: u32 = 1;
+pub const LEAF_BULK: u32 = 2;
 
 pub const META_IN_USE: u32 = 1;
 pub const META_INTERNET_FROM_POLICY: u32 = 2;
 
 /// `an_config.flags`: switch the queue model off (no CE marks, no pod-side drops).
 pub const CFG_AQM_OFF: u32 = 1;
+/// `an_config.flags`: switch flow isolation off (every packet to the bulk leaf).
+pub const CFG_FLOWS_OFF: u32 = 2;
+/// `an_config.flags`: switch receive-window clamping off (see `an_conns` in the header).
+pub const CFG_CLAMP_OFF: u32 = 4;
+/// `an_pod.flags`: the pod has an ingress limit; its TCP windows are clamped.
+pub const POD_INGRESS_LIMIT: u32 = 1;
+
+/// `an_conns`: TCP connections of ingress-limited pods, and the window clamp's sizes.
+pub const MAX_CONNS: u32 = 65536;
+pub const WND_QUEUE_NS: u64 = 16_000_000;
+pub const WND_MIN_FRAMES: u64 = 8;
+pub const CONN_SYN_SENT: u8 = 1;
+pub const CONN_SYNACK_SENT: u8 = 2;
+pub const CONN_ESTABLISHED: u8 = 3;
+
+/// `an_flows`: flow buckets per shaped class, and the sparse-leaf rules (see the header).
+pub const FLOW_BUCKETS: u32 = 64;
+pub const FLOW_ENTRIES: u32 = VQ_ENTRIES * FLOW_BUCKETS;
+pub const FLOW_BURST_FRAMES: u64 = 2;
+pub const FLOW_RATE_DIV: u64 = 16;
+pub const FLOW_GUARD_FRAMES: u64 = 1;
+/// The sparse leaf is guaranteed this fraction (1/N) of its class's rate.
+pub const SPARSE_RATE_DIV: u64 = 4;
 
 /// `an_vqueue` index: `slot * VQ_PER_POD + VQ_{INGRESS,EGRESS,INTERNET}`, or `VQ_NODE_CAP`.
 pub const VQ_PER_POD: u32 = 3;
@@ -328,6 +355,40 @@ pub struct VQueue {
 }
 const _: () = assert!(core::mem::size_of::<VQueue>() == 32);
 
+/// `struct an_flow`: one flow bucket of a shaped class (see the header).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flow {
+    /// Modelled departure of the flow's last packet sent to the bulk leaf.
+    pub t_bulk: u64,
+    /// The flow's sparse budget, a virtual clock.
+    pub t_sparse: u64,
+}
+const _: () = assert!(core::mem::size_of::<Flow>() == 16);
+
+/// `struct an_conn_key`: a pod's TCP connection (addresses and ports in network byte order).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ConnKey {
+    pub pod_addr: [u8; 4],
+    pub remote_addr: [u8; 4],
+    pub pod_port: [u8; 2],
+    pub remote_port: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<ConnKey>() == 12);
+
+/// `struct an_conn`: what the handshake told about a connection.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conn {
+    pub t_handshake: u64,
+    pub rtt_ns: u32,
+    pub wscale: u8,
+    pub state: u8,
+    pub reserved: u16,
+}
+const _: () = assert!(core::mem::size_of::<Conn>() == 16);
+
 /// `struct an_ns_key`: a namespace name, NUL padded.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -358,6 +419,9 @@ unsafe impl aya::Pod for PodMeta {}
 unsafe impl aya::Pod for NsKey {}
 unsafe impl aya::Pod for NsRate {}
 unsafe impl aya::Pod for VQueue {}
+unsafe impl aya::Pod for Flow {}
+unsafe impl aya::Pod for ConnKey {}
+unsafe impl aya::Pod for Conn {}
 
 /// Copies `s` into a NUL-padded fixed buffer; `None` if it does not fit with a trailing NUL.
 pub fn fixed_str<const N: usize>(s: &str) -> Option<[u8; N]> {
@@ -420,6 +484,23 @@ mod tests {
             ("AN_CLASSID_POD_INTERNET", CLASSID_POD_INTERNET.into()),
             ("AN_CLASSID_POD_OTHER", CLASSID_POD_OTHER.into()),
             ("AN_CLASSID_NODE_CAP", CLASSID_NODE_CAP.into()),
+            ("AN_CLASSID_POD_INGRESS", CLASSID_POD_INGRESS.into()),
+            ("AN_LEAF_SPARSE", LEAF_SPARSE.into()),
+            ("AN_LEAF_BULK", LEAF_BULK.into()),
+            ("AN_CFG_FLOWS_OFF", CFG_FLOWS_OFF.into()),
+            ("AN_FLOW_BUCKETS", FLOW_BUCKETS.into()),
+            ("AN_FLOW_BURST_FRAMES", FLOW_BURST_FRAMES),
+            ("AN_FLOW_RATE_DIV", FLOW_RATE_DIV),
+            ("AN_FLOW_GUARD_FRAMES", FLOW_GUARD_FRAMES),
+            ("AN_SPARSE_RATE_DIV", SPARSE_RATE_DIV),
+            ("AN_CFG_CLAMP_OFF", CFG_CLAMP_OFF.into()),
+            ("AN_POD_INGRESS_LIMIT", POD_INGRESS_LIMIT.into()),
+            ("AN_MAX_CONNS", MAX_CONNS.into()),
+            ("AN_WND_QUEUE_NS", WND_QUEUE_NS),
+            ("AN_WND_MIN_FRAMES", WND_MIN_FRAMES),
+            ("AN_CONN_SYN_SENT", CONN_SYN_SENT.into()),
+            ("AN_CONN_SYNACK_SENT", CONN_SYNACK_SENT.into()),
+            ("AN_CONN_ESTABLISHED", CONN_ESTABLISHED.into()),
             ("AN_META_IN_USE", META_IN_USE.into()),
             (
                 "AN_META_INTERNET_FROM_POLICY",
@@ -472,6 +553,9 @@ mod tests {
             ("an_ns_key", core::mem::size_of::<NsKey>()),
             ("an_ns_rate", core::mem::size_of::<NsRate>()),
             ("an_vqueue", core::mem::size_of::<VQueue>()),
+            ("an_flow", core::mem::size_of::<Flow>()),
+            ("an_conn_key", core::mem::size_of::<ConnKey>()),
+            ("an_conn", core::mem::size_of::<Conn>()),
         ];
         for (name, size) in sizes {
             let needle = format!("_Static_assert(sizeof(struct {name}) == {size},");

@@ -45,8 +45,12 @@ pub mod maps {
     pub const NS_RATES: &str = "an_ns_rates";
     /// Array slot (or [`crate::abi::VQ_NODE_CAP`]) -> [`crate::abi::VQueue`]: ECN marking state.
     pub const VQUEUE: &str = "an_vqueue";
+    /// Array (`an_vqueue` index x flow bucket) -> [`crate::abi::Flow`]: flow isolation state.
+    pub const FLOWS: &str = "an_flows";
+    /// LRU hash [`crate::abi::ConnKey`] -> [`crate::abi::Conn`]: the window clamp's connections.
+    pub const CONNS: &str = "an_conns";
     /// Every map, in a stable order.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 11] = [
         PREFIXES,
         CONFIG,
         PODS,
@@ -56,5 +60,7 @@ pub mod maps {
         POD_META,
         NS_RATES,
         VQUEUE,
+        FLOWS,
+        CONNS,
     ];
 }

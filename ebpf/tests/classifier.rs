@@ -90,6 +90,7 @@ impl Fixture {
         let (data, wrap): (&MapData, fn(MapData) -> aya::maps::Map) = match map {
             aya::maps::Map::Array(m) => (m, aya::maps::Map::Array),
             aya::maps::Map::HashMap(m) => (m, aya::maps::Map::HashMap),
+            aya::maps::Map::LruHashMap(m) => (m, aya::maps::Map::LruHashMap),
             aya::maps::Map::LpmTrie(m) => (m, aya::maps::Map::LpmTrie),
             aya::maps::Map::PerCpuArray(m) => (m, aya::maps::Map::PerCpuArray),
             other => panic!("unexpected map type {other:?}"),
@@ -647,20 +648,21 @@ fn pod_egress_selects_the_htb_class() {
     };
     let mut ctx = [0u8; SKB_SIZE];
     ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&6u32.to_ne_bytes());
+    // No limit in the pod's record: every packet names its class's bulk leaf.
     let cases = [
         (
             Ip::new(POD_IP, ip("203.0.113.1")).build(),
-            abi::CLASSID_POD_INTERNET,
+            abi::CLASSID_POD_INTERNET + abi::LEAF_BULK,
         ),
         (
             Ip::new(POD_IP, ip("10.1.1.1")).build(),
-            abi::CLASSID_POD_OTHER,
+            abi::CLASSID_POD_OTHER + abi::LEAF_BULK,
         ),
         (
             Ip::new(POD_IP, ip("169.254.169.254")).build(),
-            abi::CLASSID_POD_OTHER,
+            abi::CLASSID_POD_OTHER + abi::LEAF_BULK,
         ),
-        (arp_request(), abi::CLASSID_POD_OTHER),
+        (arp_request(), abi::CLASSID_POD_OTHER + abi::LEAF_BULK),
     ];
     for (pkt, want) in cases {
         let (ret, out) = f.run(programs::POD_EGRESS, &pkt, Some(&ctx));
@@ -688,7 +690,8 @@ fn uplink_caps_only_pod_internet_traffic() {
     ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&3u32.to_ne_bytes());
     let pod_internet = Ip::new(POD_IP, ip("203.0.113.1")).build();
     let cases = [
-        (pod_internet.clone(), abi::CLASSID_NODE_CAP),
+        // No cap configured: the bulk leaf (there is no HTB then).
+        (pod_internet.clone(), abi::CLASSID_NODE_CAP + abi::LEAF_BULK),
         // Internal traffic of a pod and anything the node itself sends keep their priority.
         (Ip::new(POD_IP, ip("10.1.1.1")).build(), 3),
         (Ip::new(ip("10.20.0.6"), ip("203.0.113.1")).build(), 3),
@@ -847,14 +850,14 @@ fn no_marking_without_a_limit_or_with_ecn_off() {
     let ect = frame(ip("203.0.113.9"), POD_IP, ECT0);
     // No ingress limit: nothing is queued, nothing marked.
     assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
-    // A limit, but marking switched off in an_config.flags: no model either.
+    // A limit, but marking switched off in an_config.flags: the model still runs (flow
+    // isolation needs it) but signals nothing.
     f.update_meta(|m| m.ingress_rate = SLOW);
     f.update_config(|c| c.flags |= abi::CFG_AQM_OFF);
     assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
-    assert_eq!(
-        f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS)),
-        abi::VQueue::default()
-    );
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert!(q.t_empty > 0);
+    assert_eq!((q.ce_marked, q.dropped), (0, 0));
     // Switched back on, the same traffic is marked.
     f.update_config(|c| c.flags &= !abi::CFG_AQM_OFF);
     assert!(burst(&f, programs::HOST_EGRESS, &ect, 10).contains(&CE));
@@ -909,13 +912,13 @@ fn pod_egress_marks_against_its_internet_and_total_limits() {
     let got = burst(&f, programs::POD_EGRESS, &internal, 8);
     assert_eq!(got[7], CE, "{got:?}");
     assert!(f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)).ce_marked >= 1);
-    // Marking never changes the class the packet is shaped in.
+    // Marking never changes the class the packet is shaped in (the flow is backlogged: bulk).
     let mut ctx = [0u8; SKB_SIZE];
     ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&6u32.to_ne_bytes());
     let (_, ctx_out) = f.run(programs::POD_EGRESS, &internet, Some(&ctx));
     assert_eq!(
         u32::from_ne_bytes(ctx_out[SKB_PRIORITY..SKB_PRIORITY + 4].try_into().unwrap()),
-        abi::CLASSID_POD_INTERNET
+        abi::CLASSID_POD_INTERNET + abi::LEAF_BULK
     );
 }
 
@@ -938,4 +941,368 @@ fn uplink_marks_above_the_node_cap() {
     let other = frame(ip("10.20.0.6"), ip("203.0.113.9"), ECT0);
     assert_eq!(burst(&f, programs::UPLINK, &other, 10), [ECT0; 10]);
     assert!(f.vqueue(abi::VQ_NODE_CAP).ce_marked >= 1);
+}
+
+// ---- flow isolation: sparse and bulk leaves of a shaped class ----------------------------
+
+fn prio_of(ctx: &[u8; SKB_SIZE]) -> u32 {
+    u32::from_ne_bytes(
+        ctx[SKB_PRIORITY..SKB_PRIORITY + 4]
+            .try_into()
+            .expect("4 bytes"),
+    )
+}
+
+const INGRESS_SPARSE: u32 = abi::CLASSID_POD_INGRESS + abi::LEAF_SPARSE;
+const INGRESS_BULK: u32 = abi::CLASSID_POD_INGRESS + abi::LEAF_BULK;
+
+/// The flow buckets of one shaped class.
+fn flows_of(f: &mut Fixture, vq_idx: u32) -> Vec<(u32, abi::Flow)> {
+    let m: Array<_, abi::Flow> = f.map(maps::FLOWS);
+    (vq_idx * abi::FLOW_BUCKETS..(vq_idx + 1) * abi::FLOW_BUCKETS)
+        .map(|k| (k, m.get(&k, 0).expect("flow bucket")))
+        .collect()
+}
+
+fn set_flows(f: &mut Fixture, vq_idx: u32, edit: impl Fn(&mut abi::Flow)) {
+    let flows = flows_of(f, vq_idx);
+    let mut m: Array<_, abi::Flow> = f.map(maps::FLOWS);
+    for (k, mut v) in flows {
+        edit(&mut v);
+        m.set(k, v, 0).expect("set flow bucket");
+    }
+}
+
+#[test]
+fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let idx = abi::vq_index(SLOT, abi::VQ_INGRESS);
+    let bulk = frame(ip("203.0.113.9"), POD_IP, NOT_ECT);
+    let ping = Ip::new(ip("203.0.113.10"), POD_IP).build();
+    let leaf = |f: &Fixture, pkt: &[u8]| {
+        let (ret, ctx) = f.run(programs::HOST_EGRESS, pkt, None);
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        prio_of(&ctx)
+    };
+
+    // A flow's first packets fit its budget of 2 full frames: a new connection starts in
+    // the sparse leaf, as in fq_codel. The third full frame back to back does not.
+    let got: Vec<u32> = (0..6).map(|_| leaf(&f, &bulk)).collect();
+    assert_eq!(
+        got,
+        [
+            INGRESS_SPARSE,
+            INGRESS_SPARSE,
+            INGRESS_BULK,
+            INGRESS_BULK,
+            INGRESS_BULK,
+            INGRESS_BULK
+        ]
+    );
+    // Another flow with nothing queued (a ping) is still sparse, again and again.
+    for _ in 0..5 {
+        assert_eq!(leaf(&f, &ping), INGRESS_SPARSE);
+    }
+    // Every packet, sparse or bulk, takes its share of the class's rate in the model.
+    let t_empty = f.vqueue(idx).t_empty;
+    assert!(t_empty > 0);
+
+    // Refill every bucket's budget, but keep the bulk flow's queued packets: it stays in
+    // the bulk leaf, since a sparse packet would overtake them (reordering).
+    set_flows(&mut f, idx, |v| v.t_sparse = 0);
+    assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
+    // Once its packets have left the bulk leaf (the model says when), it may be sparse again.
+    set_flows(&mut f, idx, |v| {
+        v.t_sparse = 0;
+        v.t_bulk = 0;
+    });
+    assert_eq!(leaf(&f, &bulk), INGRESS_SPARSE);
+
+    // A GSO skb larger than the budget (3 segments of 1066 bytes on the wire) is bulk.
+    set_flows(&mut f, idx, |v| *v = abi::Flow::default());
+    let gso = tcp(ip("203.0.113.9"), POD_IP, 3000).build();
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&3u32.to_ne_bytes());
+    ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&1000u32.to_ne_bytes());
+    let (_, out) = f.run(programs::HOST_EGRESS, &gso, Some(&ctx));
+    assert_eq!(prio_of(&out), INGRESS_BULK);
+
+    // Flow isolation switched off: everything goes to the bulk leaf.
+    f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
+    set_flows(&mut f, idx, |v| *v = abi::Flow::default());
+    assert_eq!(leaf(&f, &ping), INGRESS_BULK);
+    assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
+    // Without an ingress limit the program leaves the priority alone (no HTB to pick in).
+    f.update_config(|c| c.flags &= !abi::CFG_FLOWS_OFF);
+    f.update_meta(|m| m.ingress_rate = 0);
+    assert_eq!(leaf(&f, &ping), 0);
+}
+
+#[test]
+fn every_shaping_point_picks_a_leaf_of_its_class() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let prio = |f: &Fixture, prog: &str, pkt: &[u8]| prio_of(&f.run(prog, pkt, None).1);
+    let internet_ping = Ip::new(POD_IP, ip("203.0.113.1")).build();
+    let internal_ping = Ip::new(POD_IP, ip("10.1.1.1")).build();
+
+    // Pod eth0, internet limit only: internet pings are sparse in 1:10; internal traffic
+    // names 1:20's bulk leaf, which does not exist, so HTB sends it unshaped.
+    f.update_meta(|m| m.internet_egress_rate = SLOW);
+    assert_eq!(
+        prio(&f, programs::POD_EGRESS, &internet_ping),
+        abi::CLASSID_POD_INTERNET + abi::LEAF_SPARSE
+    );
+    assert_eq!(
+        prio(&f, programs::POD_EGRESS, &internal_ping),
+        abi::CLASSID_POD_OTHER + abi::LEAF_BULK
+    );
+    // A burst of one internet flow moves to the bulk leaf.
+    let data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
+    let got: Vec<u32> = (0..4)
+        .map(|_| prio(&f, programs::POD_EGRESS, &data))
+        .collect();
+    assert_eq!(
+        got[3],
+        abi::CLASSID_POD_INTERNET + abi::LEAF_BULK,
+        "{got:x?}"
+    );
+    // With a total egress limit, internal traffic is shaped in 1:20 and isolated too.
+    f.update_meta(|m| m.egress_rate = SLOW);
+    assert_eq!(
+        prio(&f, programs::POD_EGRESS, &internal_ping),
+        abi::CLASSID_POD_OTHER + abi::LEAF_SPARSE
+    );
+
+    // The uplink's node cap class.
+    f.update_config(|c| c.node_internet_cap = SLOW);
+    assert_eq!(
+        prio(&f, programs::UPLINK, &internet_ping),
+        abi::CLASSID_NODE_CAP + abi::LEAF_SPARSE
+    );
+    let got: Vec<u32> = (0..4).map(|_| prio(&f, programs::UPLINK, &data)).collect();
+    assert_eq!(got[3], abi::CLASSID_NODE_CAP + abi::LEAF_BULK, "{got:x?}");
+}
+
+// ---- receive-window clamping for pods with an ingress limit ------------------------------
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const POD_PORT: u16 = 40000;
+const REMOTE_PORT: u16 = 443;
+
+/// A TCP segment with a valid checksum. `ws`: a window-scale option (after MSS, SACK
+/// permitted, timestamps and a NOP, as Linux orders them in a SYN).
+fn tcp_seg(from_pod: bool, flags: u8, window: u16, ws: Option<u8>) -> Vec<u8> {
+    let (src, dst, sport, dport) = if from_pod {
+        (POD_IP, ip("203.0.113.9"), POD_PORT, REMOTE_PORT)
+    } else {
+        (ip("203.0.113.9"), POD_IP, REMOTE_PORT, POD_PORT)
+    };
+    let mut opts = Vec::new();
+    if flags & SYN != 0 {
+        opts.extend_from_slice(&[2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0]);
+        if let Some(s) = ws {
+            opts.extend_from_slice(&[1, 3, 3, s]);
+        } else {
+            opts.extend_from_slice(&[1, 1, 1, 1]);
+        }
+    } else {
+        opts.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 2, 0, 0, 0, 1]);
+    }
+    let mut seg = vec![0u8; 20];
+    seg[0..2].copy_from_slice(&sport.to_be_bytes());
+    seg[2..4].copy_from_slice(&dport.to_be_bytes());
+    seg[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    seg[8..12].copy_from_slice(&2000u32.to_be_bytes());
+    seg[12] = (((20 + opts.len()) / 4) << 4) as u8;
+    seg[13] = flags;
+    seg[14..16].copy_from_slice(&window.to_be_bytes());
+    seg.extend(opts);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+    pseudo.extend_from_slice(&seg);
+    let c = csum(&pseudo);
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    Ip {
+        proto: 6,
+        payload: seg,
+        ..Ip::new(src, dst)
+    }
+    .build()
+}
+
+/// The TCP window of a frame built by `tcp_seg`, checking its TCP checksum.
+fn window_of(pkt: &[u8]) -> u16 {
+    let ip = &pkt[ETH_HLEN..];
+    let seg = &ip[20..];
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&ip[12..20]);
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+    pseudo.extend_from_slice(seg);
+    assert_eq!(csum(&pseudo), 0, "TCP checksum broken");
+    u16::from_be_bytes([seg[14], seg[15]])
+}
+
+fn set_pod_flags(f: &mut Fixture, flags: u32) {
+    let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
+    pods.insert(
+        TEST_IFINDEX,
+        abi::Pod {
+            slot: SLOT,
+            flags,
+            ipv4: POD_IP.octets(),
+            ..Default::default()
+        },
+        0,
+    )
+    .expect("register pod");
+}
+
+fn conn(f: &mut Fixture) -> Option<abi::Conn> {
+    let m: HashMap<_, abi::ConnKey, abi::Conn> = f.map(maps::CONNS);
+    m.get(
+        &abi::ConnKey {
+            pod_addr: POD_IP.octets(),
+            remote_addr: ip("203.0.113.9").octets(),
+            pod_port: POD_PORT.to_be_bytes(),
+            remote_port: REMOTE_PORT.to_be_bytes(),
+        },
+        0,
+    )
+    .ok()
+}
+
+/// The window field the clamp writes for a connection: rate x RTT + 16 ms of the rate (at
+/// least 8 full frames), in units of the pod's window scale, rounded up.
+fn clamped(rate: u64, c: &abi::Conn) -> u16 {
+    let cap = (rate / 8 * (u64::from(c.rtt_ns) / 1000) / 1_000_000
+        + rate / 8 * abi::WND_QUEUE_NS / 1_000_000_000)
+        .max(abi::WND_MIN_FRAMES * abi::FRAME_BYTES);
+    cap.div_ceil(1 << c.wscale) as u16
+}
+
+#[test]
+fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_queue() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let rate = 10_000_000;
+    f.update_meta(|m| m.ingress_rate = rate);
+    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
+    let host_in = |f: &Fixture, pkt: &[u8]| {
+        let (ret, out) = f.run_data(programs::HOST_INGRESS, pkt, None);
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        out
+    };
+    let host_out = |f: &Fixture, pkt: &[u8]| {
+        let (ret, out) = f.run_data(programs::HOST_EGRESS, pkt, None);
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        out
+    };
+
+    // The pod connects (window scale 7) and the server agrees (it sends the option too).
+    let syn = tcp_seg(true, SYN, 64240, Some(7));
+    assert_eq!(
+        window_of(&host_in(&f, &syn)),
+        64240,
+        "a SYN is never clamped"
+    );
+    let c = conn(&mut f).expect("the SYN was learnt");
+    assert_eq!((c.state, c.wscale), (abi::CONN_SYN_SENT, 7));
+    // Before the handshake completes nothing is clamped.
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        65535
+    );
+    host_out(&f, &tcp_seg(false, SYN | ACK, 65160, Some(9)));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!((c.state, c.wscale), (abi::CONN_ESTABLISHED, 7));
+    // 65535 << 7 = 8 MiB advertised: clamped to ~20 kB (10 Mbit/s x (RTT + 16 ms)).
+    let want = clamped(rate, &c);
+    assert!((150..=170).contains(&want), "{want}");
+    let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
+    assert_eq!(window_of(&out), want);
+    // A smaller window passes as it is: the clamp only lowers.
+    assert_eq!(window_of(&host_in(&f, &tcp_seg(true, ACK, 100, None))), 100);
+    // Segments to the pod are never changed.
+    let to_pod = tcp_seg(false, ACK, 65535, None);
+    assert_eq!(window_of(&host_out(&f, &to_pod)), 65535);
+
+    // Switched off in an_config.flags: not clamped.
+    f.update_config(|c| c.flags |= abi::CFG_CLAMP_OFF);
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        65535
+    );
+    f.update_config(|c| c.flags &= !abi::CFG_CLAMP_OFF);
+
+    // The server did not agree to scaling: the pod's windows are plain bytes.
+    host_in(&f, &tcp_seg(true, SYN, 64240, Some(7)));
+    host_out(&f, &tcp_seg(false, SYN | ACK, 65160, None));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!((c.state, c.wscale), (abi::CONN_ESTABLISHED, 0));
+    let want = clamped(rate, &c);
+    assert!((19_000..=21_000).contains(&want), "{want}");
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        want
+    );
+
+    // The pod is the server: its SYN-ACK carries the agreed scale, the next ACK ends the
+    // handshake.
+    host_out(&f, &tcp_seg(false, SYN, 65160, Some(7)));
+    host_in(&f, &tcp_seg(true, SYN | ACK, 65160, Some(9)));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!((c.state, c.wscale), (abi::CONN_SYNACK_SENT, 9));
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        65535
+    );
+    host_out(&f, &tcp_seg(false, ACK, 502, None));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!(c.state, abi::CONN_ESTABLISHED);
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        clamped(rate, &c)
+    );
+}
+
+#[test]
+fn pods_without_an_ingress_limit_keep_their_windows() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    // A limit in the record but not the pod's flag (what attach sets from that limit): the
+    // connection is not even learnt.
+    f.update_meta(|m| m.ingress_rate = 10_000_000);
+    f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, SYN, 64240, Some(7)),
+        None,
+    );
+    f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg(false, SYN | ACK, 65160, Some(7)),
+        None,
+    );
+    assert!(conn(&mut f).is_none());
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, ACK, 65535, None),
+        None,
+    );
+    assert_eq!(window_of(&out), 65535);
 }

@@ -7,8 +7,8 @@
 //!
 //! - `shaping`: iperf3 TCP (`--secs`, one stream) at each rate, both directions, with a ping
 //!   from the pod through the shaped class, interleaved per repetition, for: aliasnet's
-//!   per-pod total limits (`Limits { ingress_rate, egress_rate }`); the previous design
-//!   (commit cdedbbb: queue model off, its leaves put back with tc); aliasnet's
+//!   per-pod total limits (`Limits { ingress_rate, egress_rate }`); the same with flow
+//!   isolation off (every packet to the bulk leaf, as before the sparse leaves); aliasnet's
 //!   internet-only egress limit (`internet_egress_rate`); and the reference CNI `bandwidth`
 //!   plugin binary, invoked with a prevResult naming the host veth (tbf on the host veth,
 //!   ifb + tbf for egress). Congestion control: the namespaces' default, cubic, cubic with
@@ -87,10 +87,11 @@ enum Config {
     Aliasnet,
     /// The same with the queue model off (an_config.flags: no CE marks, no pod-side drops).
     AliasnetAqmOff,
-    /// The previous design (commit cdedbbb), for before/after in one run: queue model off
-    /// and its leaves put back with tc: tbf leaf with a 10 ms queue on the host veth, pfifo
-    /// of 2 packets (3 from 50 Mbit/s) on the pod's eth0.
-    AliasnetBefore,
+    /// The same with flow isolation off (an_config.flags: every packet to the bulk leaf),
+    /// for before/after in one run: the previous design (one leaf per class).
+    AliasnetFlowsOff,
+    /// The same with receive-window clamping off (an_config.flags).
+    AliasnetClampOff,
     /// aliasnet, internet-egress limit only (internet_egress_rate), egress only.
     AliasnetInternet,
     /// The reference CNI bandwidth plugin binary.
@@ -102,7 +103,8 @@ impl Config {
         match self {
             Config::Aliasnet => "aliasnet",
             Config::AliasnetAqmOff => "aliasnet, AQM off",
-            Config::AliasnetBefore => "aliasnet before (cdedbbb)",
+            Config::AliasnetFlowsOff => "aliasnet, flow isolation off",
+            Config::AliasnetClampOff => "aliasnet, window clamp off",
             Config::AliasnetInternet => "aliasnet internet-only",
             Config::Bandwidth => "bandwidth plugin (tbf)",
         }
@@ -165,7 +167,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "aliasnet,aliasnet-before,aliasnet-internet,bandwidth"
+        default_value = "aliasnet,aliasnet-flows-off,aliasnet-internet,bandwidth"
     )]
     configs: Vec<Config>,
     #[arg(
@@ -504,33 +506,6 @@ impl Bench {
         Ok(a)
     }
 
-    /// Puts back the leaves of the previous design (see [`Config::AliasnetBefore`]), sized as
-    /// its `Shape::new` did.
-    fn previous_leaves(&self, rate: u64) -> Result<()> {
-        let bytes = rate / 8;
-        let burst = (bytes / 1000).max(2 * 1514).to_string();
-        let limit = (bytes / 100).max(3 * 1514).to_string();
-        let rate_s = format!("{rate}bit");
-        self.exec(
-            "node",
-            &[
-                "tc", "qdisc", "replace", "dev", "vh1", "parent", "1:1", "handle", "101:", "tbf",
-                "rate", &rate_s, "burst", &burst, "limit", &limit,
-            ],
-        )?;
-        let n = if rate < 50_000_000 { "2" } else { "3" };
-        for (parent, handle) in [("1:10", "110:"), ("1:20", "120:")] {
-            self.exec(
-                "pod",
-                &[
-                    "tc", "qdisc", "replace", "dev", "eth0", "parent", parent, "handle", handle,
-                    "pfifo", "limit", n,
-                ],
-            )?;
-        }
-        Ok(())
-    }
-
     fn detach(&mut self) -> Result<()> {
         self.dp().detach_pod(CONTAINER_ID, "eth0")?;
         Ok(())
@@ -541,14 +516,17 @@ impl Bench {
         Ok(Array::try_from(Map::Array(data))?)
     }
 
-    fn set_aqm(&self, on: bool) -> Result<()> {
+    /// Switches the queue model's signals and flow isolation on or off.
+    fn set_features(&self, config: Option<Config>) -> Result<()> {
         let mut m = self.config_map()?;
         let mut c = m.get(&0, 0)?;
-        if on {
-            c.flags &= !abi::CFG_AQM_OFF;
-        } else {
-            c.flags |= abi::CFG_AQM_OFF;
-        }
+        c.flags &= !(abi::CFG_AQM_OFF | abi::CFG_FLOWS_OFF | abi::CFG_CLAMP_OFF);
+        c.flags |= match config {
+            Some(Config::AliasnetAqmOff) => abi::CFG_AQM_OFF,
+            Some(Config::AliasnetFlowsOff) => abi::CFG_FLOWS_OFF,
+            Some(Config::AliasnetClampOff) => abi::CFG_CLAMP_OFF,
+            _ => 0,
+        };
         m.set(0, c, 0)?;
         Ok(())
     }
@@ -915,6 +893,7 @@ struct ShapeStats {
     ping_avg: Vec<f64>,
     ping_max: Vec<f64>,
     ping_replies: Vec<f64>,
+    ping_sent: Vec<f64>,
     flow_rtt: Vec<f64>,
     idle_avg: Vec<f64>,
     qdisc_drops: Vec<f64>,
@@ -930,29 +909,29 @@ fn applies(config: Config, dir: Dir) -> bool {
     }
 }
 
-/// Pings sent during a run: every 0.1 s from 1.5 s to 1.5 s before the end.
+/// Seconds the ping runs: every 0.1 s from 1.5 s to 1.5 s before the end.
 fn pings_expected(secs: u32) -> u32 {
-    secs.saturating_sub(3).max(1) * 10
+    secs.saturating_sub(3).max(1)
 }
 
 fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
     let rate = key.rate;
     let mut slot = None;
     match key.config {
-        Config::Aliasnet | Config::AliasnetAqmOff | Config::AliasnetBefore => {
-            b.set_aqm(key.config == Config::Aliasnet)?;
+        Config::Aliasnet
+        | Config::AliasnetAqmOff
+        | Config::AliasnetFlowsOff
+        | Config::AliasnetClampOff => {
+            b.set_features(Some(key.config))?;
             let a = b.attach(Limits {
                 ingress_rate: Some(rate),
                 egress_rate: Some(rate),
                 ..Limits::default()
             })?;
             slot = Some(a.slot);
-            if key.config == Config::AliasnetBefore {
-                b.previous_leaves(rate)?;
-            }
         }
         Config::AliasnetInternet => {
-            b.set_aqm(true)?;
+            b.set_features(None)?;
             let a = b.attach(Limits {
                 internet_egress_rate: Some(rate),
                 ..Limits::default()
@@ -1011,7 +990,7 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
         Config::Bandwidth => b.bandwidth_del(rate)?,
         _ => {
             b.detach()?;
-            b.set_aqm(true)?;
+            b.set_features(None)?;
         }
     }
     result
@@ -1048,7 +1027,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
                         let conf = rate as f64 / 1e6;
                         let ping = r.ping.unwrap_or_default();
                         eprintln!(
-                            "rep {rep} {:>9} {:?}/{:?} {:<26} goodput {:7.2} ({:5.1}%) L2 {:5.1}% retrans {:5.2}% ping {:6.2}/{:6.2} ms {:2}/{expected} flow rtt {:5.1} qdisc drops {} ce {} aqm drops {} [load {}]",
+                            "rep {rep} {:>9} {:?}/{:?} {:<26} goodput {:7.2} ({:5.1}%) L2 {:5.1}% retrans {:5.2}% ping {:6.2}/{:6.2} ms {:2}/{} flow rtt {:5.1} qdisc drops {} ce {} aqm drops {} [load {}]",
                             fmt_rate(rate),
                             cc,
                             dir,
@@ -1060,6 +1039,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
                             ping.avg,
                             ping.max,
                             ping.received,
+                            ping.sent,
                             r.flow_rtt,
                             x.qdisc_drops,
                             x.ce,
@@ -1073,7 +1053,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
                             "l2_mbps": x.l2_mbps, "seconds": r.seconds,
                             "retransmits": r.retransmits, "segments": r.segments,
                             "ping_avg": ping.avg, "ping_max": ping.max,
-                            "ping_received": ping.received, "ping_expected": expected,
+                            "ping_received": ping.received, "ping_sent": ping.sent,
                             "idle_avg": x.idle.avg, "flow_rtt_ms": r.flow_rtt,
                             "qdisc_drops": x.qdisc_drops, "ce_marked": x.ce,
                             "aqm_drops": x.aqm_drops, "intervals": r.intervals,
@@ -1086,6 +1066,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
                         s.ping_avg.push(ping.avg);
                         s.ping_max.push(ping.max);
                         s.ping_replies.push(f64::from(ping.received));
+                        s.ping_sent.push(f64::from(ping.sent));
                         s.flow_rtt.push(r.flow_rtt);
                         s.idle_avg.push(x.idle.avg);
                         s.qdisc_drops.push(x.qdisc_drops as f64);
@@ -1100,7 +1081,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
     let _ = writeln!(
         report,
         "\n### Shaping: iperf3 TCP {} s, one stream, medians of {} runs\n\nLoad average {} at the start, {} at the end; {:.0} min. Ping: every 0.1 s from the pod to the \
-         remote host during the run ({expected} sent; a pod-side request refused with ENOBUFS is not sent); idle RTT {:.2} ms (median). \
+         remote host for {expected} s of the run (replies of the requests ping sent; a request refused locally with ENOBUFS is not sent); idle RTT {:.2} ms (median). \
          Flow RTT: the sender's mean smoothed RTT of the iperf3 flow.\n",
         args.secs,
         args.reps,
@@ -1111,7 +1092,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
     );
     let _ = writeln!(
         report,
-        "| CC | rate | direction | config | goodput / configured | L2 / configured | retransmits | ping avg / max ms | ping replies | flow RTT ms | qdisc drops | CE marks | pod-side drops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| CC | rate | direction | config | goodput / configured | L2 / configured | retransmits | ping avg / max ms | ping replies / sent | flow RTT ms | qdisc drops | CE marks | pod-side drops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (k, s) in &stats {
         let cc = match k.cc {
@@ -1125,7 +1106,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
         };
         let _ = writeln!(
             report,
-            "| {cc} | {} | {dir} | {} | {:.1} % | {:.1} % | {:.2} % | {:.2} / {:.2} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
+            "| {cc} | {} | {dir} | {} | {:.1} % | {:.1} % | {:.2} % | {:.2} / {:.2} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
             fmt_rate(k.rate),
             k.config.name(),
             median(&s.goodput_pct),
@@ -1134,6 +1115,7 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
             median(&s.ping_avg),
             median(&s.ping_max),
             median(&s.ping_replies),
+            median(&s.ping_sent),
             median(&s.flow_rtt),
             median(&s.qdisc_drops),
             median(&s.ce),

@@ -49,7 +49,7 @@ use crate::{
     netns::{self, NetnsError},
     pods::pod_egress_classes,
     policy::Policy,
-    tc::{handle, HtbClass, Rtnl},
+    tc::{handle, HtbClass, Rtnl, TcStats},
 };
 
 /// Default pin root.
@@ -61,9 +61,54 @@ pub(crate) const HTB_MAJOR: u16 = abi::HTB_MAJOR;
 /// HTB direct queue (unshaped traffic) length in packets, as a default txqueuelen.
 pub(crate) const DIRECT_QLEN: u32 = 1000;
 
-/// The leaf FIFO under class `major:minor` gets handle `0x100+minor:`.
+/// The leaf qdisc under class `major:minor` gets handle `0x100+minor:`.
 pub(crate) fn leaf_handle(classid: u32) -> u32 {
     handle(0x100 + (classid & 0xffff) as u16, 0)
+}
+
+/// A shaped class as HTB builds it: the class itself, now an inner class, and its two leaves
+/// (see `an_flows` in the ABI header). The sparse leaf (prio 0) is guaranteed
+/// 1/`SPARSE_RATE_DIV` of the class's rate, the bulk leaf (prio 1) the rest; both may borrow
+/// up to the class's ceiling, so either alone can use all of it.
+pub(crate) fn with_leaves(class: HtbClass) -> [HtbClass; 3] {
+    let sparse_rate = (class.rate.rate / abi::SPARSE_RATE_DIV).max(1);
+    let bulk_rate = class.rate.rate.saturating_sub(sparse_rate).max(1);
+    let leaf = |offset: u32, rate: u64, prio: u32| HtbClass {
+        classid: class.classid + offset,
+        parent: class.classid,
+        rate: Shape::new(rate, None),
+        ceil: class.ceil,
+        prio,
+    };
+    [
+        class,
+        leaf(abi::LEAF_SPARSE, sparse_rate, 0),
+        leaf(abi::LEAF_BULK, bulk_rate, 1),
+    ]
+}
+
+/// Whether `c` is the sparse leaf of its parent (it gets a plain FIFO: its packets are few
+/// and small, never GSO aggregates to segment).
+pub(crate) fn is_sparse_leaf(c: &HtbClass) -> bool {
+    c.classid == c.parent + abi::LEAF_SPARSE
+}
+
+/// The two leaf qdiscs of shaped class `classid` in `stats`, added up (`None` if neither is
+/// there).
+pub(crate) fn leaves_stats(stats: &[TcStats], classid: u32) -> Option<TcStats> {
+    let mut found = stats.iter().filter(|s| {
+        s.handle == leaf_handle(classid + abi::LEAF_SPARSE)
+            || s.handle == leaf_handle(classid + abi::LEAF_BULK)
+    });
+    let first = *found.next()?;
+    Some(found.fold(first, |mut a, s| {
+        a.bytes += s.bytes;
+        a.packets += s.packets;
+        a.drops += s.drops;
+        a.overlimits += s.overlimits;
+        a.backlog += s.backlog;
+        a
+    }))
 }
 
 struct MapSpec {
@@ -75,7 +120,7 @@ struct MapSpec {
 }
 
 /// What every pinned map must look like for this build; checked before reuse.
-const SPECS: [MapSpec; 9] = [
+const SPECS: [MapSpec; 11] = [
     MapSpec {
         name: maps::PREFIXES,
         kind: MapType::LpmTrie,
@@ -140,6 +185,23 @@ const SPECS: [MapSpec; 9] = [
         key: 4,
         value: 32,
         max_entries: abi::VQ_ENTRIES,
+    },
+    // Flow isolation state; the programs own it (stale entries lie in the past, so a slot's
+    // next pod needs no reset).
+    MapSpec {
+        name: maps::FLOWS,
+        kind: MapType::Array,
+        key: 4,
+        value: 16,
+        max_entries: abi::FLOW_ENTRIES,
+    },
+    // The window clamp's connections; the programs own it.
+    MapSpec {
+        name: maps::CONNS,
+        kind: MapType::LruHash,
+        key: 12,
+        value: 16,
+        max_entries: abi::MAX_CONNS,
     },
 ];
 
@@ -709,14 +771,24 @@ impl Datapath {
         let mut rt = Rtnl::new()?;
         rt.ensure_root_htb(*ifindex, HTB_MAJOR, 0, DIRECT_QLEN)?;
         let shape = Shape::new(cap, None);
-        let class = HtbClass {
+        let classes = with_leaves(HtbClass {
             classid: abi::CLASSID_NODE_CAP,
             parent: handle(HTB_MAJOR, 0),
             rate: shape,
             ceil: shape,
-        };
-        rt.set_htb_class(*ifindex, &class)?;
-        rt.set_tbf(*ifindex, class.classid, leaf_handle(class.classid), &shape)?;
+            prio: 0,
+        });
+        for c in &classes {
+            rt.set_htb_class(*ifindex, c)?;
+        }
+        let [_, sparse, bulk] = classes;
+        rt.set_pfifo(
+            *ifindex,
+            sparse.classid,
+            leaf_handle(sparse.classid),
+            shape.queue_packets,
+        )?;
+        rt.set_tbf(*ifindex, bulk.classid, leaf_handle(bulk.classid), &shape)?;
         if !(link.exists() && old_ifindex == *ifindex) {
             if link.exists() {
                 std::fs::remove_file(&link).map_err(|e| ShaperError::io("unpin", &link, e))?;

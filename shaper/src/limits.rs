@@ -239,22 +239,26 @@ pub fn fmt_rate(bps: u64) -> String {
     format!("{bps} bit/s")
 }
 
-/// Sizes derived from a rate for one HTB class and its leaf queue.
+/// Sizes derived from a rate for one HTB class and its leaf queues.
 ///
-/// This kernel has no AQM qdisc (no fq, fq_codel, RED): the leaves are drop-tail, and the
-/// queues are kept short by the programs, which model every shaped class's queue (see
-/// `an_vqueue` in ebpf/include/aliasnet_abi.h; the sizes here are the ABI's constants so the
-/// model matches the qdiscs). Measured in notes/shaping-bench.md.
+/// This kernel has no AQM or flow-queueing qdisc (no fq, fq_codel, sfq, RED): the leaves are
+/// drop-tail, and the programs do the rest (see ebpf/include/aliasnet_abi.h; the sizes here
+/// are the ABI's constants so that the programs' model matches the qdiscs; measurements in
+/// BENCHMARKS.md section 4):
+/// - Flow isolation (`an_flows`): every shaped class has a sparse leaf (pings, DNS, ACKs, new
+///   flows; served first) and a bulk leaf, so a bulk flow's queue does not delay the pod's
+///   other traffic. Under a BBR download at 10 Mbit/s a ping's RTT went from 11-26 ms to
+///   0.1 ms.
 /// - Forwarded traffic (to the pod, node uplink): drops are real losses. Above the marking
-///   threshold ECN-capable packets are CE-marked; the tbf leaf (a 1 ms bucket, so larger GSO
-///   skbs are segmented and the byte limit holds) drops only beyond 25 ms, which BBR and
-///   non-ECN cubic need: with 10 ms, BBR lost 13-15 % of its segments at 10 and 100 Mbit/s.
+///   threshold ECN-capable packets are CE-marked, and the pod's TCP receive windows are
+///   clamped to the path plus a short queue (`an_conns`), which bounds any sender, BBR's
+///   startup included (it overshot the 25 ms leaf by ~160 segments per connection at 10
+///   Mbit/s: 1.9 % retransmits, 0 with the clamp). The bulk leaf is a tbf (a 1 ms bucket, so
+///   larger GSO skbs are segmented and the byte limit holds) that drops beyond 25 ms.
 /// - Local senders (pod egress, on the pod's eth0): above the threshold ECN-capable packets
 ///   are marked and local TCP data is dropped before the qdisc, which the local TCP takes as
-///   congestion (CWR) and not as a loss. The FIFO leaf itself holds 25 ms of full frames (at
-///   least 16 packets) so that other packets are not refused behind bulk data: a 2-packet
-///   FIFO refused 75-97 % of pings (ENOBUFS), a longer one without the programs' drops
-///   queued 2 GSO skbs of 64 KiB per flow (108 ms at 10 Mbit/s).
+///   congestion (CWR) and not as a loss. The FIFO leaves hold 25 ms of full frames (at
+///   least 16 packets).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     /// bit/s
@@ -267,7 +271,14 @@ pub struct Shape {
     pub queue_bytes: u64,
     /// tbf bucket; GSO skbs above it are segmented
     pub leaf_burst_bytes: u64,
+    /// tbf rate (bit/s): `LEAF_RATE_HEADROOM` above the class's, so that HTB alone shapes and
+    /// the tbf only segments and bounds the queue. Two buckets at the same rate in series
+    /// idle each other: measured, L2 99.5 % instead of 100.2 % of the rate at 10 Mbit/s.
+    pub leaf_rate: u64,
 }
+
+/// The tbf leaf runs this fraction (1/N) faster than its class.
+const LEAF_RATE_HEADROOM: u64 = 50;
 
 /// One full-size Ethernet frame.
 const MTU_FRAME: u64 = abi::FRAME_BYTES;
@@ -309,6 +320,7 @@ impl Shape {
             queue_packets,
             queue_bytes: at_least(bytes_per_sec, abi::LEAF_QUEUE_NS, abi::LEAF_QUEUE_FRAMES),
             leaf_burst_bytes: at_least(bytes_per_sec, abi::LEAF_BURST_NS, abi::LEAF_BURST_FRAMES),
+            leaf_rate: rate.saturating_add(rate / LEAF_RATE_HEADROOM),
         }
     }
 }
@@ -428,6 +440,7 @@ mod tests {
         assert_eq!(ten.queue_bytes, 31_250);
         assert_eq!(ten.leaf_burst_bytes, 2 * 1514);
         assert_eq!(ten.queue_packets, 20);
+        assert_eq!(ten.leaf_rate, 10_200_000);
         // Slow classes keep room for a few packets.
         let slow = Shape::new(1_000_000, None);
         assert_eq!(slow.queue_bytes, 3 * 1514);

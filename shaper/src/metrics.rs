@@ -52,9 +52,9 @@ use prometheus_client::{
 pub mod http;
 
 use crate::{
-    datapath::{Datapath, HTB_MAJOR},
+    datapath::Datapath,
     error::ShaperError,
-    tc::{handle, Rtnl, TcStats},
+    tc::{Rtnl, TcStats},
 };
 
 /// `Content-Type` of what [`Exporter::render`] returns (Prometheus text format 0.0.4).
@@ -252,7 +252,7 @@ impl Snapshot {
                             p.rate_drops[Direction::Ingress.index()] = rt
                                 .class_stats(p.host_ifindex)
                                 .ok()
-                                .map(|c| class_drops(&c, &[handle(HTB_MAJOR, 1)]));
+                                .map(|c| class_drops(&c, &[abi::CLASSID_POD_INGRESS]));
                         }
                     }
                 }
@@ -271,11 +271,12 @@ impl Snapshot {
 /// Threads reading pods' egress classes in parallel during a scrape.
 const MAX_NETNS_WORKERS: usize = 4;
 
-/// Packets the listed classes dropped.
+/// Packets the listed shaped classes dropped (HTB counts drops on the leaves).
 fn class_drops(stats: &[TcStats], classes: &[u32]) -> u64 {
     classes
         .iter()
-        .filter_map(|c| stats.iter().find(|s| s.handle == *c))
+        .flat_map(|c| [c + abi::LEAF_SPARSE, c + abi::LEAF_BULK])
+        .filter_map(|c| stats.iter().find(|s| s.handle == c))
         .map(|s| s.drops)
         .sum()
 }

@@ -6,13 +6,16 @@
 //! - `an_host_ingress` / `an_host_egress` run on the host veth as cls_bpf direct-action
 //!   filters in a clsact qdisc (not TCX: see `crate::clsact`); the device holds them, nothing
 //!   is pinned per pod;
-//! - ingress limit: HTB root on the host veth, one class at the rate, bounded leaf;
+//! - ingress limit: HTB root on the host veth, one class (1:1) at the rate;
 //! - internet-egress and/or total egress limit: HTB root on the pod's eth0 (inside the pod
 //!   netns) with `an_pod_egress` (cls_bpf, clsact egress) choosing the class per packet: 1:10
 //!   internet, 1:20 the rest. Without a total egress limit there is no 1:20, so non-internet
 //!   traffic falls through to HTB's unshaped direct queue: internal traffic stays at line
 //!   rate. A pod without egress limits gets nothing on its eth0 (and the pod netns is not
 //!   entered at all).
+//! - every shaped class has a sparse and a bulk leaf, bounded queues both, and the programs
+//!   choose the leaf per packet ([`crate::datapath::with_leaves`], `an_flows` in the ABI
+//!   header): a bulk download does not delay the pod's pings, DNS and ACKs in the same class.
 //!
 //! Shaping on the pod's own eth0 means the pod's TCP sees local backpressure (TCP small
 //! queues) instead of drops, which keeps retransmits and queueing delay low. A pod with
@@ -34,8 +37,8 @@ use tracing::{debug, info, warn};
 use crate::{
     clsact::{self, FilterMode, Hook},
     datapath::{
-        is_not_found, leaf_handle, scan_meta, sum_counters, Datapath, PinPaths, DIRECT_QLEN,
-        HTB_MAJOR,
+        is_not_found, is_sparse_leaf, leaf_handle, leaves_stats, scan_meta, sum_counters,
+        with_leaves, Datapath, PinPaths, DIRECT_QLEN, HTB_MAJOR,
     },
     error::ShaperError,
     index::{self, PodKey},
@@ -221,19 +224,24 @@ impl PodHooks {
     }
 }
 
-/// HTB classes on the pod's eth0 for a pod's recorded limits; `None` = no egress shaping.
+/// HTB classes on the pod's eth0 for a pod's recorded limits, leaves included; `None` = no
+/// egress shaping.
 pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
     let root = handle(HTB_MAJOR, 0);
     let internet = nonzero(meta.internet_egress_rate);
     match nonzero(meta.egress_rate) {
         None => {
             let i = Shape::new(internet?, None);
-            Some(vec![HtbClass {
-                classid: abi::CLASSID_POD_INTERNET,
-                parent: root,
-                rate: i,
-                ceil: i,
-            }])
+            Some(
+                with_leaves(HtbClass {
+                    classid: abi::CLASSID_POD_INTERNET,
+                    parent: root,
+                    rate: i,
+                    ceil: i,
+                    prio: 0,
+                })
+                .to_vec(),
+            )
         }
         Some(e) => {
             // Children's guaranteed rates sum to the parent's, so the total holds; each may
@@ -241,40 +249,43 @@ pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
             let total = Shape::new(e, Some(meta.egress_burst.saturating_mul(8)));
             let i = internet.unwrap_or(e).min(e);
             let parent = handle(HTB_MAJOR, 1);
-            Some(vec![
-                HtbClass {
-                    classid: parent,
-                    parent: root,
-                    rate: total,
-                    ceil: total,
-                },
-                HtbClass {
-                    classid: abi::CLASSID_POD_INTERNET,
-                    parent,
-                    rate: Shape::new((i / 2).max(1), None),
-                    ceil: Shape::new(i, None),
-                },
-                HtbClass {
-                    classid: abi::CLASSID_POD_OTHER,
-                    parent,
-                    rate: Shape::new((e - i / 2).max(1), None),
-                    ceil: total,
-                },
-            ])
+            let mut classes = vec![HtbClass {
+                classid: parent,
+                parent: root,
+                rate: total,
+                ceil: total,
+                prio: 0,
+            }];
+            classes.extend(with_leaves(HtbClass {
+                classid: abi::CLASSID_POD_INTERNET,
+                parent,
+                rate: Shape::new((i / 2).max(1), None),
+                ceil: Shape::new(i, None),
+                prio: 0,
+            }));
+            classes.extend(with_leaves(HtbClass {
+                classid: abi::CLASSID_POD_OTHER,
+                parent,
+                rate: Shape::new((e - i / 2).max(1), None),
+                ceil: total,
+                prio: 0,
+            }));
+            Some(classes)
         }
     }
 }
 
-/// HTB class on the host veth for the pod's ingress limit.
-fn host_ingress_class(meta: &abi::PodMeta) -> Option<HtbClass> {
+/// HTB classes on the host veth for the pod's ingress limit (the class and its leaves).
+fn host_ingress_classes(meta: &abi::PodMeta) -> Option<[HtbClass; 3]> {
     let r = nonzero(meta.ingress_rate)?;
     let s = Shape::new(r, Some(meta.ingress_burst.saturating_mul(8)));
-    Some(HtbClass {
-        classid: handle(HTB_MAJOR, 1),
+    Some(with_leaves(HtbClass {
+        classid: abi::CLASSID_POD_INGRESS,
         parent: handle(HTB_MAJOR, 0),
         rate: s,
         ceil: s,
-    })
+        prio: 0,
+    }))
 }
 
 /// Who sends the traffic a qdisc shapes (see [`Shape`] for why the leaves differ).
@@ -308,8 +319,10 @@ fn install_htb(
             // Leaf queue sized by the class ceiling: the rate it drains at when borrowing.
             let leaf = leaf_handle(c.classid);
             match sender {
-                Sender::Local => rt.set_pfifo(ifindex, c.classid, leaf, c.ceil.queue_packets)?,
-                Sender::Forwarded => rt.set_tbf(ifindex, c.classid, leaf, &c.ceil)?,
+                Sender::Forwarded if !is_sparse_leaf(c) => {
+                    rt.set_tbf(ifindex, c.classid, leaf, &c.ceil)?
+                }
+                _ => rt.set_pfifo(ifindex, c.classid, leaf, c.ceil.queue_packets)?,
             }
         }
     }
@@ -545,7 +558,11 @@ impl Datapath {
                 meta.host_ifindex,
                 abi::Pod {
                     slot,
-                    flags: 0,
+                    flags: if meta.ingress_rate != 0 {
+                        abi::POD_INGRESS_LIMIT
+                    } else {
+                        0
+                    },
                     ipv4: meta.ipv4,
                     reserved: 0,
                 },
@@ -573,12 +590,14 @@ impl Datapath {
             Hook::Egress,
             programs::HOST_EGRESS,
         )?;
-        if let Some(class) = host_ingress_class(meta) {
+        if let Some(classes) = host_ingress_classes(meta) {
+            // Without the program's choice (not attached yet) traffic takes the bulk leaf.
+            let defcls = (abi::CLASSID_POD_INGRESS + abi::LEAF_BULK) as u16;
             install_htb(
                 &mut rt,
                 meta.host_ifindex,
-                1,
-                &[class],
+                defcls,
+                &classes,
                 true,
                 Sender::Forwarded,
             )?;
@@ -610,7 +629,7 @@ impl Datapath {
             slot,
             host_ifindex: meta.host_ifindex,
             pod_ifindex: meta.pod_ifindex,
-            ingress: host_ingress_class(meta).map(|c| c.ceil),
+            ingress: host_ingress_classes(meta).map(|c| c[0].ceil),
             egress,
             internet_egress,
             internet_from_policy: meta.flags & abi::META_INTERNET_FROM_POLICY != 0,
@@ -763,15 +782,9 @@ impl Datapath {
     /// Queue statistics of a pod's shaping qdiscs; enters the pod netns for the egress side.
     pub fn shaping_stats(&self, rec: &PodRecord) -> Result<ShapingStats, ShaperError> {
         let mut out = ShapingStats::default();
-        let leaf = |stats: &[TcStats], classid: u32| {
-            stats
-                .iter()
-                .copied()
-                .find(|s| s.handle == leaf_handle(classid))
-        };
         if rec.meta.ingress_rate != 0 {
             let q = Rtnl::new()?.qdisc_stats(rec.meta.host_ifindex)?;
-            out.ingress = leaf(&q, handle(HTB_MAJOR, 1));
+            out.ingress = leaves_stats(&q, abi::CLASSID_POD_INGRESS);
         }
         if pod_egress_classes(&rec.meta).is_some() {
             let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
@@ -779,8 +792,8 @@ impl Datapath {
             let q = netns::run_in(&netns, || {
                 Rtnl::new().and_then(|mut rt| rt.qdisc_stats(pod_ifindex))
             })??;
-            out.internet_egress = leaf(&q, abi::CLASSID_POD_INTERNET);
-            out.other_egress = leaf(&q, abi::CLASSID_POD_OTHER);
+            out.internet_egress = leaves_stats(&q, abi::CLASSID_POD_INTERNET);
+            out.other_egress = leaves_stats(&q, abi::CLASSID_POD_OTHER);
         }
         Ok(out)
     }
@@ -994,5 +1007,91 @@ impl Datapath {
             }
         }
         Ok((updated, errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(ingress: u64, egress: u64, internet: u64) -> abi::PodMeta {
+        abi::PodMeta {
+            ingress_rate: ingress,
+            egress_rate: egress,
+            internet_egress_rate: internet,
+            ..Default::default()
+        }
+    }
+
+    /// `(classid, parent, rate, ceil, prio)` of each class, for compact comparisons.
+    fn layout(classes: &[HtbClass]) -> Vec<(u32, u32, u64, u64, u32)> {
+        classes
+            .iter()
+            .map(|c| (c.classid, c.parent, c.rate.rate, c.ceil.rate, c.prio))
+            .collect()
+    }
+
+    #[test]
+    fn every_shaped_class_gets_a_sparse_and_a_bulk_leaf() {
+        let root = handle(HTB_MAJOR, 0);
+        let ingress = host_ingress_classes(&meta(8_000_000, 0, 0)).expect("ingress limit");
+        assert_eq!(
+            layout(&ingress),
+            [
+                (0x1_0001, root, 8_000_000, 8_000_000, 0),
+                // Sparse: a quarter of the rate guaranteed, served first, may borrow it all.
+                (0x1_0002, 0x1_0001, 2_000_000, 8_000_000, 0),
+                (0x1_0003, 0x1_0001, 6_000_000, 8_000_000, 1),
+            ]
+        );
+        assert!(is_sparse_leaf(&ingress[1]) && !is_sparse_leaf(&ingress[2]));
+        assert!(host_ingress_classes(&meta(0, 0, 0)).is_none());
+
+        let internet_only = pod_egress_classes(&meta(0, 0, 4_000_000)).expect("internet limit");
+        assert_eq!(
+            layout(&internet_only),
+            [
+                (0x1_0010, root, 4_000_000, 4_000_000, 0),
+                (0x1_0011, 0x1_0010, 1_000_000, 4_000_000, 0),
+                (0x1_0012, 0x1_0010, 3_000_000, 4_000_000, 1),
+            ]
+        );
+        // A total limit: 1:1 over the internet (1:10) and other (1:20) classes, each split.
+        let total = pod_egress_classes(&meta(0, 20_000_000, 4_000_000)).expect("total");
+        assert_eq!(
+            layout(&total),
+            [
+                (0x1_0001, root, 20_000_000, 20_000_000, 0),
+                (0x1_0010, 0x1_0001, 2_000_000, 4_000_000, 0),
+                (0x1_0011, 0x1_0010, 500_000, 4_000_000, 0),
+                (0x1_0012, 0x1_0010, 1_500_000, 4_000_000, 1),
+                (0x1_0020, 0x1_0001, 18_000_000, 20_000_000, 0),
+                (0x1_0021, 0x1_0020, 4_500_000, 20_000_000, 0),
+                (0x1_0022, 0x1_0020, 13_500_000, 20_000_000, 1),
+            ]
+        );
+        // The leaves are the classes nothing else hangs from.
+        let leaves: Vec<u32> = total
+            .iter()
+            .filter(|c| !total.iter().any(|o| o.parent == c.classid))
+            .map(|c| c.classid)
+            .collect();
+        assert_eq!(leaves, [0x1_0011, 0x1_0012, 0x1_0021, 0x1_0022]);
+    }
+
+    #[test]
+    fn leaf_stats_add_up_both_leaves() {
+        let q = |minor: u16, packets: u64, drops: u64| TcStats {
+            handle: leaf_handle(handle(HTB_MAJOR, minor)),
+            packets,
+            drops,
+            ..TcStats::default()
+        };
+        let stats = [q(0x11, 5, 0), q(0x12, 100, 3), q(0x21, 7, 1)];
+        let s = leaves_stats(&stats, abi::CLASSID_POD_INTERNET).expect("internet leaves");
+        assert_eq!((s.packets, s.drops), (105, 3));
+        let s = leaves_stats(&stats, abi::CLASSID_POD_OTHER).expect("one leaf is enough");
+        assert_eq!((s.packets, s.drops), (7, 1));
+        assert!(leaves_stats(&stats, abi::CLASSID_POD_INGRESS).is_none());
     }
 }

@@ -73,6 +73,8 @@ pub struct HtbClass {
     pub rate: Shape,
     /// Ceiling (borrowing limit) and its burst; equal to `rate` for a hard limit.
     pub ceil: Shape,
+    /// HTB priority among siblings (0 is served first).
+    pub prio: u32,
 }
 
 /// Counters of one class or qdisc.
@@ -139,7 +141,7 @@ fn htb_class_options(c: &HtbClass) -> Vec<u8> {
     parms.extend_from_slice(&ticks(c.ceil.burst_bytes, ceil).to_ne_bytes());
     parms.extend_from_slice(&quantum.to_ne_bytes());
     parms.extend_from_slice(&0u32.to_ne_bytes()); // level
-    parms.extend_from_slice(&0u32.to_ne_bytes()); // prio
+    parms.extend_from_slice(&c.prio.to_ne_bytes());
     let mut opts = nla(TCA_HTB_PARMS, &parms);
     if rate >= u64::from(u32::MAX) {
         opts.extend(nla(TCA_HTB_RATE64, &rate.to_ne_bytes()));
@@ -349,8 +351,8 @@ impl Rtnl {
         )
     }
 
-    /// Puts a tbf under `parent` (an HTB leaf): `rate`, a bucket of `burst` bytes (larger GSO
-    /// skbs are segmented) and a queue of `limit` bytes.
+    /// Puts a tbf under `parent` (an HTB leaf): a bucket of `leaf_burst_bytes` (larger GSO skbs
+    /// are segmented) refilled at `leaf_rate`, and a queue of `queue_bytes`.
     pub fn set_tbf(
         &mut self,
         ifindex: u32,
@@ -358,7 +360,7 @@ impl Rtnl {
         qdisc_handle: u32,
         shape: &Shape,
     ) -> Result<(), TcError> {
-        let rate = (shape.rate / 8).max(1);
+        let rate = (shape.leaf_rate / 8).max(1);
         let burst = shape.leaf_burst_bytes.min(u64::from(u32::MAX)) as u32;
         let limit = shape.queue_bytes.min(u64::from(u32::MAX)) as u32;
         // struct tc_tbf_qopt { rate, peakrate, limit, buffer, mtu }
@@ -512,6 +514,7 @@ mod tests {
             parent: handle(1, 0),
             rate: Shape::new(10_000_000, None),
             ceil: Shape::new(10_000_000, None),
+            prio: 1,
         };
         let o = htb_class_options(&c);
         // One TCA_HTB_PARMS attribute: 4-byte header + 44-byte struct tc_htb_opt.
@@ -533,6 +536,7 @@ mod tests {
             u32::from_ne_bytes(parms[32..36].try_into().unwrap()),
             125_000
         );
+        assert_eq!(u32::from_ne_bytes(parms[40..44].try_into().unwrap()), 1);
 
         // Above 34 Gbit/s the rates need the 64-bit attributes.
         let fast = HtbClass {
