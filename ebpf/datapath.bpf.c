@@ -300,17 +300,63 @@ static __always_inline int flows_on(const struct an_config *cfg)
 	return !cfg || !(cfg->flags & AN_CFG_FLOWS_OFF);
 }
 
-/* The flow state of a packet in the class of an_vqueue index `idx`. */
-static __always_inline struct an_flow *flow_of(__u32 idx, const struct an_pkt *p)
+/* The an_flows bucket of a packet's flow (5-tuple hash) within its class. */
+static __always_inline __u32 flow_bucket(const struct an_pkt *p)
 {
 	__u32 h = p->saddr ^ (p->daddr * 0x9e3779b1u) ^ (p->ports * 0x85ebca6bu) ^ p->proto;
-	__u32 key;
 
 	h ^= h >> 16;
 	h *= 0x7feb352du;
 	h ^= h >> 15;
-	key = idx * AN_FLOW_BUCKETS + (h & (AN_FLOW_BUCKETS - 1));
+	return h & (AN_FLOW_BUCKETS - 1);
+}
+
+/* The flow state of bucket `bucket` in the class of an_vqueue index `idx`. */
+static __always_inline struct an_flow *flow_of(__u32 idx, __u32 bucket)
+{
+	__u32 key = idx * AN_FLOW_BUCKETS + bucket;
+
 	return bpf_map_lookup_elem(&an_flows, &key);
+}
+
+/* Records a bulk packet of bucket `bucket` in the class's bulk-flow bitmaps. */
+static __always_inline void flow_active(struct an_vqueue *q, __u32 bucket, __u64 now)
+{
+	__u64 bit = 1ULL << (bucket & 63);
+
+	if (!q)
+		return;
+	if (now - *(volatile __u64 *)&q->t_epoch > AN_FLOW_EPOCH_NS) {
+		q->flows_prev = now - q->t_epoch > 2 * AN_FLOW_EPOCH_NS ? 0 : q->flows_cur;
+		q->flows_cur = 0;
+		q->t_epoch = now;
+	}
+	if (!(*(volatile __u64 *)&q->flows_cur & bit))
+		__sync_fetch_and_or(&q->flows_cur, bit);
+}
+
+static __always_inline __u32 popcount64(__u64 x)
+{
+	x = x - ((x >> 1) & 0x5555555555555555ULL);
+	x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+	x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+	return (x * 0x0101010101010101ULL) >> 56;
+}
+
+/* Flows with a backlog in the class's bulk leaf lately (at least 1). */
+static __always_inline __u32 bulk_flows(const struct an_vqueue *q, __u64 now)
+{
+	__u64 age, bits;
+	__u32 n;
+
+	if (!q)
+		return 1;
+	age = now - q->t_epoch;
+	bits = age > 2 * AN_FLOW_EPOCH_NS ? 0 : q->flows_cur;
+	if (age <= AN_FLOW_EPOCH_NS)
+		bits |= q->flows_prev;
+	n = popcount64(bits);
+	return n ? n : 1;
 }
 
 /*
@@ -394,17 +440,20 @@ static __always_inline void shape_remote(struct __sk_buff *skb, const struct an_
 {
 	struct an_vqueue *q = vq_of(idx, rate);
 	struct an_flow *f;
+	__u32 bucket;
 	__u64 now;
 
 	if (!q)
 		return;
 	now = bpf_ktime_get_ns();
-	f = flow_of(idx, p);
+	bucket = flow_bucket(p);
+	f = flow_of(idx, bucket);
 	if (pick_sparse(cfg, f, rate, p, now)) {
 		skb->priority = classid + AN_LEAF_SPARSE;
 		vq_add(q, rate, 0, p, now);
 		return;
 	}
+	flow_active(q, bucket, now);
 	skb->priority = classid + AN_LEAF_BULK;
 	if (aqm_on(cfg) && congested(q, rate, now))
 		ce_mark(skb, p, q);
@@ -477,7 +526,7 @@ static __always_inline int clamp_on(const struct an_config *cfg)
  */
 static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
 					 const struct an_tcphdr *th, const struct an_conn *c,
-					 __u64 rate)
+					 __u64 rate, __u32 flows)
 {
 	__u64 cap, field;
 	__be16 win;
@@ -488,6 +537,10 @@ static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
 	cap = rate / 8 * (c->rtt_ns / 1000) / 1000000 + rate / 8 * AN_WND_QUEUE_NS / NSEC_PER_SEC;
 	if (cap < AN_WND_MIN_FRAMES * AN_FRAME_BYTES)
 		cap = AN_WND_MIN_FRAMES * AN_FRAME_BYTES;
+	/* The flows with a backlog share it. */
+	cap /= flows ? flows : 1;
+	if (cap < AN_WND_MIN_FLOW_FRAMES * AN_FRAME_BYTES)
+		cap = AN_WND_MIN_FLOW_FRAMES * AN_FRAME_BYTES;
 	/* Rounded up: never a zero window. */
 	field = (cap + (1ULL << (c->wscale & 15)) - 1) >> (c->wscale & 15);
 	if (field >= bpf_ntohs(th->window))
@@ -510,6 +563,8 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 	struct an_tcphdr th;
 	struct an_conn *c;
 	struct an_pod_meta *meta;
+	struct an_vqueue *q;
+	__u32 qidx;
 	__u64 now;
 	int ws;
 
@@ -543,8 +598,19 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 	c = bpf_map_lookup_elem(&an_conns, &key);
 	if (!c)
 		return;
+	qidx = slot * AN_VQ_PER_POD + AN_VQ_INGRESS;
+	q = bpf_map_lookup_elem(&an_vqueue, &qidx);
 	if (dir == AN_DIR_INGRESS) {
 		now = bpf_ktime_get_ns();
+		if (c->state == AN_CONN_ESTABLISHED) {
+			/*
+			 * Data for the pod: the connection shares the clamp's allowance from its
+			 * first segment on, before its packets are bulk (same bucket either way).
+			 */
+			if (skb->len > off + (th.doff >> 4) * 4)
+				flow_active(q, flow_bucket(p), now);
+			return;
+		}
 		if (c->state == AN_CONN_SYN_SENT && (th.flags & AN_TCP_SYN)) {
 			/* Without the option in the SYN-ACK the pod's windows are not scaled. */
 			if (tcp_wscale(skb, off,
@@ -561,8 +627,9 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 	if (c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) || !clamp_on(cfg))
 		return;
 	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
-	if (meta && meta->ingress_rate)
-		clamp_window(skb, off, &th, c, meta->ingress_rate);
+	if (!meta || !meta->ingress_rate)
+		return;
+	clamp_window(skb, off, &th, c, meta->ingress_rate, bulk_flows(q, bpf_ktime_get_ns()));
 }
 
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
@@ -659,7 +726,7 @@ int an_pod_egress(struct __sk_buff *skb)
 	qi = vq_of(slot * AN_VQ_PER_POD + AN_VQ_INTERNET, irate);
 	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_EGRESS, erate);
 	now = bpf_ktime_get_ns();
-	f = flow_of(slot * AN_VQ_PER_POD + (irate ? AN_VQ_INTERNET : AN_VQ_EGRESS), &p);
+	f = flow_of(slot * AN_VQ_PER_POD + (irate ? AN_VQ_INTERNET : AN_VQ_EGRESS), flow_bucket(&p));
 	sparse = pick_sparse(cfg, f, rate, &p, now);
 	if (sparse) {
 		skb->priority = base + AN_LEAF_SPARSE;

@@ -211,13 +211,22 @@ _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES ==
 /* A full-size Ethernet frame (1500-byte MTU, no FCS), as HTB and tbf count it. */
 #define AN_FRAME_BYTES 1514
 
+/*
+ * Flows with a backlog in a class's bulk leaf, as bitmaps of their an_flows buckets: those
+ * that sent a bulk packet in the current epoch of AN_FLOW_EPOCH_NS, and in the one before.
+ * The window clamp shares its allowance among them (see an_conns).
+ */
+#define AN_FLOW_EPOCH_NS 100000000
+
 struct an_vqueue {
-	__u64 t_empty;   /* bpf_ktime_get_ns() at which the modelled backlog drains */
-	__u64 ce_marked; /* wire packets CE-marked */
-	__u64 dropped;   /* wire packets of local TCP dropped as a congestion signal (pod side) */
-	__u64 reserved;
+	__u64 t_empty;    /* bpf_ktime_get_ns() at which the modelled backlog drains */
+	__u64 ce_marked;  /* wire packets CE-marked */
+	__u64 dropped;    /* wire packets of local TCP dropped as a congestion signal (pod side) */
+	__u64 flows_cur;  /* bulk flows' buckets in the current epoch */
+	__u64 flows_prev; /* ... and in the previous one */
+	__u64 t_epoch;    /* start of the current epoch */
 };
-_Static_assert(sizeof(struct an_vqueue) == 32, "an_vqueue size");
+_Static_assert(sizeof(struct an_vqueue) == 48, "an_vqueue size");
 
 /*
  * an_flows: array, per shaped class (an_vqueue index) AN_FLOW_BUCKETS buckets of flow state,
@@ -249,13 +258,16 @@ _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
  * congestion control the shaper cannot signal without losses when it ignores ECN (BBRv1
  * overshoots any drop-tail queue in its startup), so the pod's advertised receive window is
  * capped at rate x handshake RTT + AN_WND_QUEUE_NS of the rate (at least AN_WND_MIN_FRAMES
- * full frames): a sender can then never have more in flight than the path plus a short
- * queue, whatever its congestion control. Only lowered, never raised; not in SYNs; only
- * for connections whose window scale the program saw agreed in the handshake.
+ * full frames), shared among the flows with a backlog in the class (an_vqueue.flows_*),
+ * at least AN_WND_MIN_FLOW_FRAMES per connection: the senders together can then never have
+ * more in flight than the path plus a short queue, whatever their congestion control. Only
+ * lowered, never raised; not in SYNs; only for connections whose window scale the program
+ * saw agreed in the handshake.
  */
 #define AN_MAX_CONNS 65536
 #define AN_WND_QUEUE_NS 16000000
 #define AN_WND_MIN_FRAMES 8
+#define AN_WND_MIN_FLOW_FRAMES 2
 #define AN_CONN_SYN_SENT 1    /* the pod sent a SYN; its window scale holds if the SYN-ACK agrees */
 #define AN_CONN_SYNACK_SENT 2 /* the pod answered a SYN; RTT from its SYN-ACK to the next ACK */
 #define AN_CONN_ESTABLISHED 3

@@ -49,6 +49,9 @@ pub const POD_INGRESS_LIMIT: u32 = 1;
 pub const MAX_CONNS: u32 = 65536;
 pub const WND_QUEUE_NS: u64 = 16_000_000;
 pub const WND_MIN_FRAMES: u64 = 8;
+pub const WND_MIN_FLOW_FRAMES: u64 = 2;
+/// Epoch of the bulk-flow bitmaps in `an_vqueue`.
+pub const FLOW_EPOCH_NS: u64 = 100_000_000;
 pub const CONN_SYN_SENT: u8 = 1;
 pub const CONN_SYNACK_SENT: u8 = 2;
 pub const CONN_ESTABLISHED: u8 = 3;
@@ -351,9 +354,12 @@ pub struct VQueue {
     pub ce_marked: u64,
     /// Wire packets of local TCP dropped as a congestion signal (pod side).
     pub dropped: u64,
-    pub reserved: u64,
+    /// Buckets of the flows with a backlog in the bulk leaf, this epoch and the last.
+    pub flows_cur: u64,
+    pub flows_prev: u64,
+    pub t_epoch: u64,
 }
-const _: () = assert!(core::mem::size_of::<VQueue>() == 32);
+const _: () = assert!(core::mem::size_of::<VQueue>() == 48);
 
 /// `struct an_flow`: one flow bucket of a shaped class (see the header).
 #[repr(C)]
@@ -498,6 +504,8 @@ mod tests {
             ("AN_MAX_CONNS", MAX_CONNS.into()),
             ("AN_WND_QUEUE_NS", WND_QUEUE_NS),
             ("AN_WND_MIN_FRAMES", WND_MIN_FRAMES),
+            ("AN_WND_MIN_FLOW_FRAMES", WND_MIN_FLOW_FRAMES),
+            ("AN_FLOW_EPOCH_NS", FLOW_EPOCH_NS),
             ("AN_CONN_SYN_SENT", CONN_SYN_SENT.into()),
             ("AN_CONN_SYNACK_SENT", CONN_SYNACK_SENT.into()),
             ("AN_CONN_ESTABLISHED", CONN_ESTABLISHED.into()),

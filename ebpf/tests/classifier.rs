@@ -1184,12 +1184,18 @@ fn conn(f: &mut Fixture) -> Option<abi::Conn> {
 }
 
 /// The window field the clamp writes for a connection: rate x RTT + 16 ms of the rate (at
-/// least 8 full frames), in units of the pod's window scale, rounded up.
-fn clamped(rate: u64, c: &abi::Conn) -> u16 {
+/// least 8 full frames), shared by `flows` (at least 2 frames each), in units of the pod's
+/// window scale, rounded up.
+fn clamped_among(rate: u64, c: &abi::Conn, flows: u64) -> u16 {
     let cap = (rate / 8 * (u64::from(c.rtt_ns) / 1000) / 1_000_000
         + rate / 8 * abi::WND_QUEUE_NS / 1_000_000_000)
         .max(abi::WND_MIN_FRAMES * abi::FRAME_BYTES);
+    let cap = (cap / flows).max(abi::WND_MIN_FLOW_FRAMES * abi::FRAME_BYTES);
     cap.div_ceil(1 << c.wscale) as u16
+}
+
+fn clamped(rate: u64, c: &abi::Conn) -> u16 {
+    clamped_among(rate, c, 1)
 }
 
 #[test]
@@ -1305,4 +1311,53 @@ fn pods_without_an_ingress_limit_keep_their_windows() {
         None,
     );
     assert_eq!(window_of(&out), 65535);
+}
+
+#[test]
+fn the_window_clamp_is_shared_by_the_flows_queued_in_the_class() {
+    if !require_root() {
+        return;
+    }
+    let mut f = Fixture::with_policy();
+    let rate = 10_000_000;
+    f.update_meta(|m| m.ingress_rate = rate);
+    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
+    f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, SYN, 64240, Some(7)),
+        None,
+    );
+    f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg(false, SYN | ACK, 65160, Some(7)),
+        None,
+    );
+    let c = conn(&mut f).expect("established");
+    // Data for the connection: it now counts as one flow of the class.
+    let mut data = tcp(ip("203.0.113.9"), POD_IP, 1448);
+    data.payload[0..2].copy_from_slice(&REMOTE_PORT.to_be_bytes());
+    data.payload[2..4].copy_from_slice(&POD_PORT.to_be_bytes());
+    f.run_data(programs::HOST_EGRESS, &data.build(), None);
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert_eq!(q.flows_cur.count_ones(), 1, "{q:?}");
+    let ack = tcp_seg(true, ACK, 65535, None);
+    let (_, out) = f.run_data(programs::HOST_INGRESS, &ack, None);
+    assert_eq!(window_of(&out), clamped(rate, &c));
+
+    // Three more downloads into the pod (other remote ports) queue bulk data.
+    for port in [444u16, 445, 446] {
+        let mut seg = tcp(ip("203.0.113.9"), POD_IP, 1448);
+        seg.payload[0..2].copy_from_slice(&port.to_be_bytes());
+        let pkt = seg.build();
+        for _ in 0..3 {
+            f.run_data(programs::HOST_EGRESS, &pkt, None);
+        }
+    }
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let flows = u64::from((q.flows_cur | q.flows_prev).count_ones());
+    // Four flows in 64 buckets; these four hash apart.
+    assert_eq!(flows, 4, "{q:?}");
+    let (_, out) = f.run_data(programs::HOST_INGRESS, &ack, None);
+    assert_eq!(window_of(&out), clamped_among(rate, &c, flows));
+    assert!(clamped_among(rate, &c, flows) < clamped(rate, &c) / 3);
 }

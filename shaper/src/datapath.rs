@@ -183,7 +183,7 @@ const SPECS: [MapSpec; 11] = [
         name: maps::VQUEUE,
         kind: MapType::Array,
         key: 4,
-        value: 32,
+        value: 48,
         max_entries: abi::VQ_ENTRIES,
     },
     // Flow isolation state; the programs own it (stale entries lie in the past, so a slot's

@@ -423,7 +423,9 @@ fn a_reused_slot_starts_with_an_empty_queue_model() {
         t_empty: u64::MAX / 2,
         ce_marked: 7,
         dropped: 9,
-        reserved: 0,
+        flows_cur: 0b1011,
+        flows_prev: 1,
+        t_epoch: u64::MAX / 2,
     };
     {
         use aya::maps::{Array, Map, MapData};

@@ -364,4 +364,51 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
         "pings waited behind the download: {:.1} ms",
         r.ping_avg_ms
     );
+
+    // Four downloads at once share the clamp's allowance (each window a quarter), so
+    // together they still fit the bulk leaf; each gets a fair part of the rate.
+    let mut server = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &f.ns("pod"),
+            "iperf3",
+            "-s",
+            "-1",
+            "-B",
+            POD_IP,
+        ])
+        .args(["-p", "5990"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("iperf3 server");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = f.exec(
+        "inet",
+        &[
+            "iperf3", "-J", "-c", POD_IP, "-p", "5990", "-B", INTERNET, "-t", "4", "-P", "4", "-C",
+            "bbr",
+        ],
+    );
+    let _ = server.wait();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 -J");
+    let total = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .expect("goodput")
+        / 1e6;
+    let sent = v["end"]["sum_sent"]["bytes"].as_f64().expect("bytes") / 1448.0;
+    let retrans = 100.0 * v["end"]["sum_sent"]["retransmits"].as_f64().unwrap_or(0.0) / sent;
+    let streams: Vec<f64> = v["end"]["streams"]
+        .as_array()
+        .expect("streams")
+        .iter()
+        .map(|s| s["receiver"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
+        .collect();
+    eprintln!("4 x bbr -> pod: {total:.2} Mbit/s {streams:.2?}, retransmits {retrans:.2} %");
+    assert_near("4 downloads -> pod", total, 10.0);
+    assert!(retrans < 2.0, "4 BBR downloads lost {retrans:.2} %");
+    for s in &streams {
+        assert!(*s > total / 8.0, "unfair share: {streams:?}");
+    }
 }
