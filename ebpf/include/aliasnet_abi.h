@@ -166,7 +166,7 @@ _Static_assert(sizeof(struct an_pod_meta) == 800, "an_pod_meta size");
 /*
  * an_vqueue: array, the modelled queue of every shaped class. The programs see each
  * packet before the class's qdisc does, so they model its backlog at the class rate (as
- * Cilium's EDT does, with the binding bucket as burst credit and the leaf's drop-tail
+ * Cilium's EDT does, with the class's HTB burst as credit and the leaf's drop-tail
  * limit) and CE-mark an ECN-capable packet that would wait longer than the marking
  * threshold: ECN TCP then backs off before the drop-tail queue overflows. This kernel has
  * no AQM qdisc. On the pod side, where senders are local, a TCP data segment that cannot
@@ -197,10 +197,10 @@ _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES ==
 /*
  * Shaper sizes, shared with the shaper's Shape so that the model matches the qdiscs.
  * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 full frames.
- * Forwarded traffic (tbf leaf): bucket of 1 ms at the rate, at least 2 full frames, and a
- * drop-tail queue of 25 ms at the rate, at least 3 full frames. The bucket that binds
- * is the model's burst credit: the leaf's for forwarded traffic, the class's on the pod
- * side (FIFO leaf).
+ * Forwarded traffic (tbf bulk leaf): bucket of 1 ms, at least 2 full frames (so that GSO
+ * skbs are segmented), refilled a little faster than the class (HTB shapes, see the
+ * shaper's Shape), and a drop-tail queue of 25 ms at the rate, at least 3 full frames. The
+ * class's HTB burst is the model's burst credit on both sides.
  */
 #define AN_DEFAULT_BURST_NS 10000000
 #define AN_DEFAULT_BURST_FRAMES 4

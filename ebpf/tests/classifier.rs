@@ -755,14 +755,15 @@ fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
     let from_internet = ip("203.0.113.9");
     let ect = frame(from_internet, POD_IP, ECT0);
 
-    // Back to back at 1 Mbit/s each frame adds 12.1 ms to the modelled queue: the first
-    // three wait 0, 1 and 2 frames, never above the 24.2 ms (2 frames) mark.
-    let got = burst(&f, programs::HOST_EGRESS, &ect, 8);
-    assert_eq!(&got[..3], &[ECT0; 3], "marked below the threshold: {got:?}");
-    // From the fourth on the modelled wait is above 2 frames (less whatever time the test
+    // The class's HTB burst (4 frames at this rate) leaves at once: the model gives it as
+    // credit. After it, back to back at 1 Mbit/s each frame adds 12.1 ms to the modelled
+    // queue: the next three wait 0, 1 and 2 frames, never above the 24.2 ms (2 frames) mark.
+    let got = burst(&f, programs::HOST_EGRESS, &ect, 12);
+    assert_eq!(&got[..7], &[ECT0; 7], "marked below the threshold: {got:?}");
+    // From the eighth on the modelled wait is above 2 frames (less whatever time the test
     // runs took, which is far below a frame).
     assert_eq!(
-        &got[4..],
+        &got[8..],
         &[CE; 4],
         "not marked above the threshold: {got:?}"
     );
@@ -798,7 +799,7 @@ fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
     // Marking does not change what is counted.
     assert_eq!(
         f.counters(),
-        expect(&[(Ingress, Internet, c(11, 11 * 1514))])
+        expect(&[(Ingress, Internet, c(15, 15 * 1514))])
     );
     // The pod's egress direction has no ingress limit and no queue.
     let got = burst(

@@ -73,6 +73,9 @@ extern "C" fn on_signal(_: libc::c_int) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
 enum Section {
     Shaping,
+    /// `--streams` parallel downloads (iperf3 -P) into the pod at the first rate, bbr, for
+    /// aliasnet and the reference: retransmits and fairness with several connections.
+    Parallel,
     Internal,
     Overhead,
     Cost,
@@ -177,6 +180,9 @@ struct Args {
         default_value = "egress,ingress"
     )]
     dirs: Vec<Dir>,
+    /// Parallel stream counts of the `parallel` section.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+    streams: Vec<u32>,
     /// Repetitions of the `internal` and `overhead` throughput runs.
     #[arg(long, default_value_t = 5)]
     throughput_reps: usize,
@@ -252,6 +258,8 @@ struct Bench {
     ifb: Option<String>,
     raw: Option<File>,
     tweaks: Vec<String>,
+    /// Parallel iperf3 streams (`-P`) of the next runs.
+    streams: u32,
 }
 
 impl Bench {
@@ -291,6 +299,7 @@ impl Bench {
             ifb: None,
             raw,
             tweaks,
+            streams: 1,
         };
         run(Command::new("mount")
             .args(["-t", "bpf", "bpf"])
@@ -711,6 +720,10 @@ impl Bench {
         if let Some(c) = cc {
             args.extend(["-C", c]);
         }
+        let streams = self.streams.to_string();
+        if self.streams > 1 {
+            args.extend(["-P", &streams]);
+        }
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns(sender)])
             .args(&args)
@@ -763,6 +776,14 @@ impl Bench {
                                 i["sum"]["retransmits"].as_f64().unwrap_or(0.0),
                             )
                         })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            stream_mbps: end["streams"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|s| s["receiver"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
                         .collect()
                 })
                 .unwrap_or_default(),
@@ -849,6 +870,8 @@ struct Iperf {
     /// The sender's smoothed RTT of the bulk flow (iperf3 mean_rtt), ms.
     flow_rtt: f64,
     intervals: Vec<(f64, f64)>,
+    /// Received Mbit/s of each parallel stream.
+    stream_mbps: Vec<f64>,
     ping: Option<Ping>,
 }
 
@@ -1120,6 +1143,97 @@ fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Re
             median(&s.qdisc_drops),
             median(&s.ce),
             median(&s.aqm_drops),
+        );
+    }
+    Ok(())
+}
+
+fn parallel(b: &mut Bench, args: &Args, rate: u64, report: &mut String) -> Result<()> {
+    #[derive(Default)]
+    struct Row {
+        goodput_pct: Vec<f64>,
+        retrans_pct: Vec<f64>,
+        slowest_pct: Vec<f64>,
+        fastest_pct: Vec<f64>,
+        qdisc_drops: Vec<f64>,
+        ping_avg: Vec<f64>,
+    }
+    let configs: Vec<Config> = [Config::Aliasnet, Config::Bandwidth]
+        .into_iter()
+        .filter(|c| args.configs.contains(c))
+        .collect();
+    let mut rows: BTreeMap<(u32, Config), Row> = BTreeMap::new();
+    let load0 = loadavg();
+    b.set_cc_mode(Cc::Default)?;
+    for rep in 0..args.reps {
+        for &n in &args.streams {
+            for &config in &configs {
+                check_stop()?;
+                b.streams = n.max(1);
+                let key = ShapeKey {
+                    cc: Cc::Default,
+                    rate,
+                    dir: Dir::Ingress,
+                    config,
+                };
+                let x = shaping_run(b, key, args.secs);
+                b.streams = 1;
+                let x = x.with_context(|| format!("{n} streams, {key:?}"))?;
+                let r = &x.iperf;
+                let conf = rate as f64 / 1e6;
+                // Each stream against a fair share of the configured rate.
+                let fair = conf / f64::from(n.max(1));
+                let slowest = r.stream_mbps.iter().copied().fold(f64::INFINITY, f64::min);
+                let fastest = r.stream_mbps.iter().copied().fold(0.0, f64::max);
+                let ping = r.ping.unwrap_or_default();
+                eprintln!(
+                    "rep {rep} {n:>2} streams {:<24} goodput {:5.1}% retrans {:5.2}% streams {:5.1}-{:5.1}% of fair, qdisc drops {} ping {:.2} ms [load {}]",
+                    config.name(),
+                    100.0 * r.mbps / conf,
+                    r.retrans_pct(),
+                    100.0 * slowest / fair,
+                    100.0 * fastest / fair,
+                    x.qdisc_drops,
+                    ping.avg,
+                    loadavg()
+                );
+                b.record(&json!({
+                    "section": "parallel", "rep": rep, "rate": rate, "streams": n,
+                    "config": config.name(), "cc": r.cc, "goodput_mbps": r.mbps,
+                    "retransmits": r.retransmits, "segments": r.segments,
+                    "stream_mbps": r.stream_mbps, "qdisc_drops": x.qdisc_drops,
+                    "ping_avg": ping.avg, "loadavg": loadavg(),
+                }));
+                let row = rows.entry((n, config)).or_default();
+                row.goodput_pct.push(100.0 * r.mbps / conf);
+                row.retrans_pct.push(r.retrans_pct());
+                row.slowest_pct.push(100.0 * slowest / fair);
+                row.fastest_pct.push(100.0 * fastest / fair);
+                row.qdisc_drops.push(x.qdisc_drops as f64);
+                row.ping_avg.push(ping.avg);
+            }
+        }
+    }
+    let _ = writeln!(
+        report,
+        "\n### Parallel downloads into the pod: iperf3 -P N, {} s, bbr, {} ingress limit, medians of {} runs\n\nLoad average {} at the start, {} at the end. Streams: the slowest and the fastest stream's goodput against a fair share (configured / N).\n\n| streams | config | goodput / configured | retransmits | slowest / fastest stream, % of fair | qdisc drops | ping avg ms |\n|---|---|---|---|---|---|---|",
+        args.secs,
+        fmt_rate(rate),
+        args.reps,
+        load0,
+        loadavg()
+    );
+    for ((n, config), r) in &rows {
+        let _ = writeln!(
+            report,
+            "| {n} | {} | {:.1} % | {:.2} % | {:.0} / {:.0} | {:.0} | {:.2} |",
+            config.name(),
+            median(&r.goodput_pct),
+            median(&r.retrans_pct),
+            median(&r.slowest_pct),
+            median(&r.fastest_pct),
+            median(&r.qdisc_drops),
+            median(&r.ping_avg),
         );
     }
     Ok(())
@@ -1580,6 +1694,7 @@ fn main() -> Result<()> {
         for s in &args.sections {
             match s {
                 Section::Shaping => shaping(&mut b, &args, &rates, &mut report)?,
+                Section::Parallel => parallel(&mut b, &args, rates[0], &mut report)?,
                 Section::Internal => throughput_section(
                     &mut b,
                     &args,
