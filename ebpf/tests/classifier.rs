@@ -1199,15 +1199,35 @@ fn clamped(rate: u64, c: &abi::Conn) -> u16 {
     clamped_among(rate, c, 1)
 }
 
+/// The pod's SYN (window scale `pod_ws`) out and the server's SYN-ACK (`remote_ws`) back.
+fn pod_connects(f: &Fixture, pod_ws: Option<u8>, remote_ws: Option<u8>) {
+    f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, SYN, 64240, pod_ws),
+        None,
+    );
+    f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg(false, SYN | ACK, 65160, remote_ws),
+        None,
+    );
+}
+
+/// The fixture with the pod's ingress limit at `rate`, flagged as attach flags it.
+fn clamping_fixture(rate: u64) -> Fixture {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = rate);
+    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
+    f
+}
+
 #[test]
 fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_queue() {
     if !require_root() {
         return;
     }
-    let mut f = Fixture::with_policy();
     let rate = 10_000_000;
-    f.update_meta(|m| m.ingress_rate = rate);
-    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
+    let mut f = clamping_fixture(rate);
     let host_in = |f: &Fixture, pkt: &[u8]| {
         let (ret, out) = f.run_data(programs::HOST_INGRESS, pkt, None);
         assert_eq!(ret, TC_ACT_UNSPEC);
@@ -1256,8 +1276,7 @@ fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_que
     f.update_config(|c| c.flags &= !abi::CFG_CLAMP_OFF);
 
     // The server did not agree to scaling: the pod's windows are plain bytes.
-    host_in(&f, &tcp_seg(true, SYN, 64240, Some(7)));
-    host_out(&f, &tcp_seg(false, SYN | ACK, 65160, None));
+    pod_connects(&f, Some(7), None);
     let c = conn(&mut f).expect("conn");
     assert_eq!((c.state, c.wscale), (abi::CONN_ESTABLISHED, 0));
     let want = clamped(rate, &c);
@@ -1295,16 +1314,7 @@ fn pods_without_an_ingress_limit_keep_their_windows() {
     // A limit in the record but not the pod's flag (what attach sets from that limit): the
     // connection is not even learnt.
     f.update_meta(|m| m.ingress_rate = 10_000_000);
-    f.run_data(
-        programs::HOST_INGRESS,
-        &tcp_seg(true, SYN, 64240, Some(7)),
-        None,
-    );
-    f.run_data(
-        programs::HOST_EGRESS,
-        &tcp_seg(false, SYN | ACK, 65160, Some(7)),
-        None,
-    );
+    pod_connects(&f, Some(7), Some(7));
     assert!(conn(&mut f).is_none());
     let (_, out) = f.run_data(
         programs::HOST_INGRESS,
@@ -1319,20 +1329,9 @@ fn the_window_clamp_is_shared_by_the_flows_queued_in_the_class() {
     if !require_root() {
         return;
     }
-    let mut f = Fixture::with_policy();
     let rate = 10_000_000;
-    f.update_meta(|m| m.ingress_rate = rate);
-    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
-    f.run_data(
-        programs::HOST_INGRESS,
-        &tcp_seg(true, SYN, 64240, Some(7)),
-        None,
-    );
-    f.run_data(
-        programs::HOST_EGRESS,
-        &tcp_seg(false, SYN | ACK, 65160, Some(7)),
-        None,
-    );
+    let mut f = clamping_fixture(rate);
+    pod_connects(&f, Some(7), Some(7));
     let c = conn(&mut f).expect("established");
     // Data for the connection: it now counts as one flow of the class.
     let mut data = tcp(ip("203.0.113.9"), POD_IP, 1448);
