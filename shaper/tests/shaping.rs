@@ -5,7 +5,7 @@
 
 mod fabric;
 
-use aliasnet_shaper::{abi, Limits};
+use aliasnet_shaper::{abi, AttachedPod, Limits};
 use fabric::*;
 
 const SECS: u32 = 3;
@@ -217,6 +217,19 @@ impl Run {
     }
 }
 
+/// The pod attached with an ingress limit of `rate` bit/s and nothing else, under the basic
+/// policy. The datapath handle is returned so that it lives as long as the test.
+fn pod_with_ingress_limit(rate: u64) -> (Fabric, aliasnet_shaper::Datapath, AttachedPod) {
+    let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
+    let mut dp = f.open();
+    let att = f.attachment(Limits {
+        ingress_rate: Some(rate),
+        ..Limits::default()
+    });
+    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    (f, dp, a)
+}
+
 /// A drop-tail queue of 25 ms (what non-ECN traffic fills) is far above this.
 const SHORT_QUEUE_MS: f64 = 10.0;
 
@@ -225,13 +238,7 @@ fn ecn_traffic_to_a_shaped_pod_is_marked_not_dropped() {
     if !require_root() {
         return;
     }
-    let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
-    let mut dp = f.open();
-    let att = f.attachment(Limits {
-        ingress_rate: Some(10_000_000),
-        ..Limits::default()
-    });
-    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let (f, _dp, a) = pod_with_ingress_limit(10_000_000);
     // ECN is negotiated by the connecting side (here the internet sender, iperf3's
     // client): it must ask (tcp_ecn = 1); Linux's default (2) only accepts.
     for role in ["pod", "inet"] {
@@ -313,13 +320,7 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
     if !require_root() {
         return;
     }
-    let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
-    let mut dp = f.open();
-    let att = f.attachment(Limits {
-        ingress_rate: Some(10_000_000),
-        ..Limits::default()
-    });
-    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let (f, _dp, _) = pod_with_ingress_limit(10_000_000);
     // BBR ignores ECN and, without the clamp, overshoots the 25 ms bulk leaf in its
     // startup (~2 % of a 10 s run's segments lost here). The pod connects, as a download does.
     let (v, ping) = f.iperf_json(
