@@ -14,7 +14,7 @@
  *   an_uplink        node uplink egress (pod src, remote = dst): skb->priority = leaf of the
  *                    node cap class, CE-mark above the node cap
  *
- * Every shaped class has a sparse and a bulk leaf; pick_leaf() chooses (see an_flows).
+ * Every shaped class has a sparse and a bulk leaf; pick_sparse() chooses (see an_flows).
  *
  * The per-pod programs run as direct-action cls_bpf filters (clsact), an_uplink
  * with TCX. Paths that do not decide return TC_ACT_UNSPEC: the next filter runs
@@ -218,9 +218,10 @@ static __always_inline __u64 at_least(__u64 ns, __u64 frames, __u64 rate)
 	return f > ns ? f : ns;
 }
 
-static __always_inline int aqm_on(const struct an_config *cfg)
+/* Whether the part of the datapath that an_config.flags bit `off` switches off is on. */
+static __always_inline int feature_on(const struct an_config *cfg, __u32 off)
 {
-	return !cfg || !(cfg->flags & AN_CFG_AQM_OFF);
+	return !cfg || !(cfg->flags & off);
 }
 
 /* How long a packet arriving now waits in a class's modelled queue (0 = sent at once). */
@@ -302,11 +303,6 @@ static __always_inline __u64 class_credit(__u64 burst, __u64 rate)
 		       at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, rate);
 }
 
-static __always_inline int flows_on(const struct an_config *cfg)
-{
-	return !cfg || !(cfg->flags & AN_CFG_FLOWS_OFF);
-}
-
 /* The an_flows bucket of a packet's flow (5-tuple hash) within its class. */
 static __always_inline __u32 flow_bucket(const struct an_pkt *p)
 {
@@ -378,7 +374,7 @@ static __always_inline int pick_sparse(const struct an_config *cfg, struct an_fl
 {
 	__u64 frate = rate / AN_FLOW_RATE_DIV, burst, floor, t;
 
-	if (!f || !flows_on(cfg))
+	if (!f || !feature_on(cfg, AN_CFG_FLOWS_OFF))
 		return 0;
 	/*
 	 * Its packets still in the bulk leaf would be overtaken. The model's departure times
@@ -471,7 +467,7 @@ static __always_inline void shape_remote(struct __sk_buff *skb, const struct an_
 	}
 	flow_active(q, bucket, now);
 	skb->priority = classid + AN_LEAF_BULK;
-	if (aqm_on(cfg) && congested(q, rate, now))
+	if (feature_on(cfg, AN_CFG_AQM_OFF) && congested(q, rate, now))
 		ce_mark(skb, p, q);
 	/*
 	 * The class's HTB burst is the credit: HTB shapes (the tbf leaf only segments, a little
@@ -502,13 +498,14 @@ struct an_tcphdr {
 #define AN_TCP_MAX_WSCALE 14
 
 /*
- * The window-scale option of a SYN or SYN-ACK whose TCP header starts at `off`, or -1 if it
- * has none. An option the walk does not reach (more than 16 options) counts as absent, which
- * only makes the clamp looser (see clamp_window()).
+ * The window-scale option of a SYN or SYN-ACK whose TCP header `th` starts at `off`, or -1
+ * if it has none. An option the walk does not reach (more than 16 options) counts as absent,
+ * which only makes the clamp looser (see clamp_window()).
  */
-static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 optlen)
+static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
+				      const struct an_tcphdr *th)
 {
-	__u32 i = 0;
+	__u32 hlen = (th->doff >> 4) * 4, optlen = hlen > 20 ? hlen - 20 : 0, i = 0;
 	__u8 opt[3];
 
 	for (int n = 0; n < 16; n++) {
@@ -527,11 +524,6 @@ static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off, __u32 op
 		i += opt[1];
 	}
 	return -1;
-}
-
-static __always_inline int clamp_on(const struct an_config *cfg)
-{
-	return !cfg || !(cfg->flags & AN_CFG_CLAMP_OFF);
 }
 
 /*
@@ -604,7 +596,7 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			.state = (th.flags & AN_TCP_ACK) ? AN_CONN_SYNACK_SENT : AN_CONN_SYN_SENT,
 		};
 
-		ws = tcp_wscale(skb, off, (th.doff >> 4) * 4 > 20 ? (th.doff >> 4) * 4 - 20 : 0);
+		ws = tcp_wscale(skb, off, &th);
 		n.wscale = ws < 0 ? 0 : ws;
 		bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
 		return;
@@ -629,8 +621,7 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		}
 		if (c->state == AN_CONN_SYN_SENT && (th.flags & AN_TCP_SYN)) {
 			/* Without the option in the SYN-ACK the pod's windows are not scaled. */
-			if (tcp_wscale(skb, off,
-				       (th.doff >> 4) * 4 > 20 ? (th.doff >> 4) * 4 - 20 : 0) < 0)
+			if (tcp_wscale(skb, off, &th) < 0)
 				c->wscale = 0;
 		} else if (c->state != AN_CONN_SYNACK_SENT || (th.flags & AN_TCP_SYN)) {
 			return;
@@ -640,7 +631,8 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		c->state = AN_CONN_ESTABLISHED;
 		return;
 	}
-	if (c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) || !clamp_on(cfg))
+	if (c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) ||
+	    !feature_on(cfg, AN_CFG_CLAMP_OFF))
 		return;
 	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 	if (!meta || !meta->ingress_rate)
@@ -744,14 +736,12 @@ int an_pod_egress(struct __sk_buff *skb)
 	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_EGRESS, erate);
 	now = bpf_ktime_get_ns();
 	f = flow_of(slot * AN_VQ_PER_POD + (irate ? AN_VQ_INTERNET : AN_VQ_EGRESS), flow_bucket(&p));
-	ti = qi ? at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, irate) : 0;
-	te = !qe ? 0 :
-	     meta->egress_burst ? tx_ns(meta->egress_burst, erate) :
-				  at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, erate);
+	ti = qi ? class_credit(0, irate) : 0;
+	te = qe ? class_credit(meta->egress_burst, erate) : 0;
 	sparse = pick_sparse(cfg, f, rate, ti > te ? ti : te, &p, now);
 	if (sparse) {
 		skb->priority = base + AN_LEAF_SPARSE;
-	} else if (aqm_on(cfg)) {
+	} else if (feature_on(cfg, AN_CFG_AQM_OFF)) {
 		if (congested(qi, irate, now))
 			hot = qi;
 		else if (congested(qe, erate, now))

@@ -47,7 +47,7 @@ use crate::{
     index::{self, Index},
     limits::{fmt_rate, Shape},
     netns::{self, NetnsError},
-    pods::pod_egress_classes,
+    pods::{install_htb, pod_egress_classes, Sender},
     policy::Policy,
     tc::{handle, HtbClass, Rtnl, TcStats},
 };
@@ -769,7 +769,6 @@ impl Datapath {
             return Ok(());
         };
         let mut rt = Rtnl::new()?;
-        rt.ensure_root_htb(*ifindex, HTB_MAJOR, 0, DIRECT_QLEN)?;
         let shape = Shape::new(cap, None);
         let classes = with_leaves(HtbClass {
             classid: abi::CLASSID_NODE_CAP,
@@ -778,17 +777,8 @@ impl Datapath {
             ceil: shape,
             prio: 0,
         });
-        for c in &classes {
-            rt.set_htb_class(*ifindex, c)?;
-        }
-        let [_, sparse, bulk] = classes;
-        rt.set_pfifo(
-            *ifindex,
-            sparse.classid,
-            leaf_handle(sparse.classid),
-            shape.queue_packets,
-        )?;
-        rt.set_tbf(*ifindex, bulk.classid, leaf_handle(bulk.classid), &shape)?;
+        // Default 0: everything that is not the pods' internet traffic stays unshaped.
+        install_htb(&mut rt, *ifindex, 0, &classes, false, Sender::Forwarded)?;
         if !(link.exists() && old_ifindex == *ifindex) {
             if link.exists() {
                 std::fs::remove_file(&link).map_err(|e| ShaperError::io("unpin", &link, e))?;

@@ -290,7 +290,7 @@ fn host_ingress_classes(meta: &abi::PodMeta) -> Option<[HtbClass; 3]> {
 
 /// Who sends the traffic a qdisc shapes (see [`Shape`] for why the leaves differ).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Sender {
+pub(crate) enum Sender {
     /// Sockets in the same network namespace: pod egress on the pod's eth0.
     Local,
     /// Forwarded traffic: the pod's ingress on the host veth.
@@ -298,7 +298,7 @@ enum Sender {
 }
 
 /// Installs `classes` under a fresh or existing HTB root, each leaf with a bounded queue.
-fn install_htb(
+pub(crate) fn install_htb(
     rt: &mut Rtnl,
     ifindex: u32,
     defcls: u16,
