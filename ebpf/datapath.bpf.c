@@ -27,6 +27,7 @@
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/pkt_cls.h>
+#include <stddef.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
@@ -210,12 +211,18 @@ static __always_inline __u64 tx_ns(__u64 bytes, __u64 rate)
 	return bytes * 8 * NSEC_PER_SEC / rate;
 }
 
-/* `ns`, or `frames` full frames at `rate` if that takes longer. */
-static __always_inline __u64 at_least(__u64 ns, __u64 frames, __u64 rate)
+/* `ns`, or `frames` frames of `frame` bytes at `rate` if that takes longer. */
+static __always_inline __u64 at_least(__u64 ns, __u64 frames, __u64 frame, __u64 rate)
 {
-	__u64 f = tx_ns(frames * AN_FRAME_BYTES, rate);
+	__u64 f = tx_ns(frames * frame, rate);
 
 	return f > ns ? f : ns;
+}
+
+/* A device's largest frame as recorded by userspace, or AN_MIN_FRAME if unrecorded. */
+static __always_inline __u64 frame_of(__u32 recorded)
+{
+	return recorded ? recorded : AN_MIN_FRAME;
 }
 
 /* Whether the part of the datapath that an_config.flags bit `off` switches off is on. */
@@ -241,7 +248,7 @@ static __always_inline __u64 vq_wait(const struct an_vqueue *q, __u64 now)
  * update under-estimates the backlog by a packet.
  */
 static __always_inline void vq_add(struct an_vqueue *q, __u64 rate, __u64 credit,
-				   const struct an_pkt *p, __u64 now)
+				   __u64 frame, const struct an_pkt *p, __u64 now)
 {
 	__u64 tx = tx_ns(p->bytes, rate);
 	__u64 t_empty = *(volatile __u64 *)&q->t_empty;
@@ -251,7 +258,8 @@ static __always_inline void vq_add(struct an_vqueue *q, __u64 rate, __u64 credit
 		q->t_empty = floor + tx;
 		return;
 	}
-	if (t_empty > now && t_empty - now > at_least(AN_LEAF_QUEUE_NS, AN_LEAF_QUEUE_FRAMES, rate))
+	if (t_empty > now &&
+	    t_empty - now > at_least(AN_LEAF_QUEUE_NS, AN_LEAF_QUEUE_FRAMES, frame, rate))
 		return;
 	__sync_fetch_and_add(&q->t_empty, tx);
 }
@@ -259,9 +267,9 @@ static __always_inline void vq_add(struct an_vqueue *q, __u64 rate, __u64 credit
 /*
  * Marking threshold of a class: AN_ECN_MARK_MIN_NS up to AN_ECN_MARK_REF_RATE, growing
  * with the rate to AN_ECN_MARK_MAX_NS (see the ABI header), and at least
- * AN_ECN_MARK_FRAMES full frames.
+ * AN_ECN_MARK_FRAMES frames.
  */
-static __always_inline __u64 mark_ns(__u64 rate)
+static __always_inline __u64 mark_ns(__u64 rate, __u64 frame)
 {
 	__u64 t = AN_ECN_MARK_MAX_NS;
 
@@ -269,13 +277,14 @@ static __always_inline __u64 mark_ns(__u64 rate)
 		t = AN_ECN_MARK_MIN_NS * (rate / 1000) / (AN_ECN_MARK_REF_RATE / 1000);
 	if (t < AN_ECN_MARK_MIN_NS)
 		t = AN_ECN_MARK_MIN_NS;
-	return at_least(t, AN_ECN_MARK_FRAMES, rate);
+	return at_least(t, AN_ECN_MARK_FRAMES, frame, rate);
 }
 
 /* The class is congested for a packet that would wait longer than the marking threshold. */
-static __always_inline int congested(const struct an_vqueue *q, __u64 rate, __u64 now)
+static __always_inline int congested(const struct an_vqueue *q, __u64 rate, __u64 frame,
+				     __u64 now)
 {
-	return q && vq_wait(q, now) > mark_ns(rate);
+	return q && vq_wait(q, now) > mark_ns(rate, frame);
 }
 
 /* CE-marks an ECN-capable packet (ECT(0) or ECT(1)); returns whether it was marked now. */
@@ -297,10 +306,10 @@ static __always_inline struct an_vqueue *vq_of(__u32 idx, __u64 rate)
 }
 
 /* The HTB burst of a class at `rate` (> 0), in ns: `burst` bytes if set, else the default. */
-static __always_inline __u64 class_credit(__u64 burst, __u64 rate)
+static __always_inline __u64 class_credit(__u64 burst, __u64 rate, __u64 frame)
 {
 	return burst ? tx_ns(burst, rate) :
-		       at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, rate);
+		       at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, frame, rate);
 }
 
 /* The an_flows bucket of a packet's flow (5-tuple hash) within its class. */
@@ -369,8 +378,8 @@ static __always_inline __u32 bulk_flows(const struct an_vqueue *q, __u64 now)
  * packet of the budget through.
  */
 static __always_inline int pick_sparse(const struct an_config *cfg, struct an_flow *f,
-				       __u64 rate, __u64 credit, const struct an_pkt *p,
-				       __u64 now)
+				       __u64 rate, __u64 credit, __u64 frame,
+				       const struct an_pkt *p, __u64 now)
 {
 	__u64 frate = rate / AN_FLOW_RATE_DIV, burst, floor, t;
 
@@ -383,11 +392,11 @@ static __always_inline int pick_sparse(const struct an_config *cfg, struct an_fl
 	 * segments in spurious retransmits at 10 Mbit/s in one run of three.
 	 */
 	if (*(volatile __u64 *)&f->t_bulk + credit +
-		    tx_ns(AN_FLOW_GUARD_FRAMES * AN_FRAME_BYTES, rate) > now)
+		    tx_ns(AN_FLOW_GUARD_FRAMES * frame, rate) > now)
 		return 0;
 	if (!frate)
 		frate = 1;
-	burst = tx_ns(AN_FLOW_BURST_FRAMES * AN_FRAME_BYTES, frate);
+	burst = tx_ns(AN_FLOW_BURST_FRAMES * frame, frate);
 	floor = now > burst ? now - burst : 0;
 	t = f->t_sparse;
 	if (t < floor)
@@ -448,7 +457,7 @@ static __always_inline int local_tcp_data(struct __sk_buff *skb, const struct an
  */
 static __always_inline void shape_remote(struct __sk_buff *skb, const struct an_config *cfg,
 					 __u32 classid, __u32 idx, __u64 rate, __u64 credit,
-					 struct an_pkt *p)
+					 __u64 frame, struct an_pkt *p)
 {
 	struct an_vqueue *q = vq_of(idx, rate);
 	struct an_flow *f;
@@ -460,14 +469,14 @@ static __always_inline void shape_remote(struct __sk_buff *skb, const struct an_
 	now = bpf_ktime_get_ns();
 	bucket = flow_bucket(p);
 	f = flow_of(idx, bucket);
-	if (pick_sparse(cfg, f, rate, credit, p, now)) {
+	if (pick_sparse(cfg, f, rate, credit, frame, p, now)) {
 		skb->priority = classid + AN_LEAF_SPARSE;
-		vq_add(q, rate, credit, p, now);
+		vq_add(q, rate, credit, frame, p, now);
 		return;
 	}
 	flow_active(q, bucket, now);
 	skb->priority = classid + AN_LEAF_BULK;
-	if (feature_on(cfg, AN_CFG_AQM_OFF) && congested(q, rate, now))
+	if (feature_on(cfg, AN_CFG_AQM_OFF) && congested(q, rate, frame, now))
 		ce_mark(skb, p, q);
 	/*
 	 * The class's HTB burst is the credit: HTB shapes (the tbf leaf only segments, a little
@@ -475,7 +484,7 @@ static __always_inline void shape_remote(struct __sk_buff *skb, const struct an_
 	 * the model saw a queue the class did not have: at 100 Mbit/s cubic + ECN got 75,000
 	 * marks with an empty queue (flow RTT 0.2 ms) and 94.6-95.7 % of the rate.
 	 */
-	vq_add(q, rate, credit, p, now);
+	vq_add(q, rate, credit, frame, p, now);
 	flow_bulk(f, t_empty_of(q));
 }
 
@@ -527,14 +536,15 @@ static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
 }
 
 /*
- * Caps the receive window a pod advertises on an established connection at `rate` x the
- * handshake RTT + AN_WND_QUEUE_NS of `rate` (see an_conns in the ABI header): the remote
- * sender then keeps at most that much in flight, and the pod's ingress class queues at most
- * a short queue's worth of it. The window is only ever lowered.
+ * Caps the receive window advertised in the TCP segment `th` (at `off`, window shift
+ * `wscale`) at `rate` x `rtt_ns` + AN_WND_QUEUE_NS of `rate` (see an_conns in the ABI
+ * header), shared among `flows`: the sender at the other end then keeps at most that much in
+ * flight, and the shaped class queues at most a short queue's worth of it. The window is
+ * only ever lowered.
  */
 static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
-					 const struct an_tcphdr *th, const struct an_conn *c,
-					 __u64 rate, __u32 flows)
+					 const struct an_tcphdr *th, __u32 rtt_ns, __u8 wscale,
+					 __u64 rate, __u64 frame, __u32 flows)
 {
 	__u64 cap, field;
 	__be16 win;
@@ -542,29 +552,34 @@ static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
 	/* Above 100 Gbit/s any window the field can carry is below the cap. */
 	if (rate > 100000000000ULL)
 		return;
-	cap = rate / 8 * (c->rtt_ns / 1000) / 1000000 + rate / 8 * AN_WND_QUEUE_NS / NSEC_PER_SEC;
-	if (cap < AN_WND_MIN_FRAMES * AN_FRAME_BYTES)
-		cap = AN_WND_MIN_FRAMES * AN_FRAME_BYTES;
+	cap = rate / 8 * (rtt_ns / 1000) / 1000000 + rate / 8 * AN_WND_QUEUE_NS / NSEC_PER_SEC;
+	if (cap < AN_WND_MIN_FRAMES * frame)
+		cap = AN_WND_MIN_FRAMES * frame;
 	/* The flows with a backlog share it. */
 	cap /= flows ? flows : 1;
-	if (cap < AN_WND_MIN_FLOW_FRAMES * AN_FRAME_BYTES)
-		cap = AN_WND_MIN_FLOW_FRAMES * AN_FRAME_BYTES;
+	if (cap < AN_WND_MIN_FLOW_FRAMES * frame)
+		cap = AN_WND_MIN_FLOW_FRAMES * frame;
 	/* Rounded up: never a zero window. */
-	field = (cap + (1ULL << (c->wscale & 15)) - 1) >> (c->wscale & 15);
+	field = (cap + (1ULL << (wscale & 15)) - 1) >> (wscale & 15);
 	if (field >= bpf_ntohs(th->window))
 		return;
 	win = bpf_htons((__u16)field);
-	if (bpf_skb_store_bytes(skb, off + 14, &win, sizeof(win), 0) < 0)
+	if (bpf_skb_store_bytes(skb, off + offsetof(struct an_tcphdr, window), &win, sizeof(win),
+				0) < 0)
 		return;
-	bpf_l4_csum_replace(skb, off + 16, th->window, win, sizeof(win));
+	bpf_l4_csum_replace(skb, off + offsetof(struct an_tcphdr, check), th->window, win,
+			    sizeof(win));
 }
 
 /*
- * TCP of a pod with an ingress limit, both directions on the host veth: learns each
- * connection's window scale and RTT from its handshake, and clamps the pod's windows.
+ * TCP of a pod on the host veth, both directions: learns each connection's window scales
+ * and RTT from its handshake; clamps the pod's windows when the pod has an ingress limit
+ * (`ingress_limited`), and the remote's windows to the pod when the connection's traffic
+ * from the pod passes the node's internet cap (`capped`).
  */
 static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_config *cfg,
-				    __u32 slot, __u32 dir, const struct an_pkt *p)
+				    __u32 slot, __u32 dir, const struct an_pkt *p,
+				    int ingress_limited, int capped)
 {
 	__u32 off = ETH_HLEN + p->ihl * 4;
 	struct an_conn_key key = {};
@@ -589,17 +604,33 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		key.pod_port = th.dest;
 		key.remote_port = th.source;
 	}
-	if (dir == AN_DIR_EGRESS && (th.flags & AN_TCP_SYN)) {
-		/* The pod's SYN offers its scale; its SYN-ACK carries one only if agreed. */
+	if (th.flags & AN_TCP_SYN) {
 		struct an_conn n = {
 			.t_handshake = bpf_ktime_get_ns(),
-			.state = (th.flags & AN_TCP_ACK) ? AN_CONN_SYNACK_SENT : AN_CONN_SYN_SENT,
 		};
 
 		ws = tcp_wscale(skb, off, &th);
-		n.wscale = ws < 0 ? 0 : ws;
-		bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
-		return;
+		if (dir == AN_DIR_INGRESS && !(th.flags & AN_TCP_ACK)) {
+			/* The remote's SYN: its scale holds if the pod's SYN-ACK agrees. */
+			n.state = AN_CONN_SYN_RCVD;
+			n.remote_wscale = ws < 0 ? 0 : ws;
+			bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
+			return;
+		}
+		if (dir == AN_DIR_EGRESS) {
+			/* The pod's SYN offers its scale; its SYN-ACK carries one only if agreed. */
+			n.wscale = ws < 0 ? 0 : ws;
+			if (th.flags & AN_TCP_ACK) {
+				c = bpf_map_lookup_elem(&an_conns, &key);
+				if (c && c->state == AN_CONN_SYN_RCVD && ws >= 0)
+					n.remote_wscale = c->remote_wscale;
+				n.state = AN_CONN_SYNACK_SENT;
+			} else {
+				n.state = AN_CONN_SYN_SENT;
+			}
+			bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
+			return;
+		}
 	}
 	if (!(th.flags & AN_TCP_ACK))
 		return;
@@ -615,14 +646,24 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			 * Data for the pod: the connection shares the clamp's allowance from its
 			 * first segment on, before its packets are bulk (same bucket either way).
 			 */
-			if (skb->len > off + (th.doff >> 4) * 4)
+			if (ingress_limited && skb->len > off + (th.doff >> 4) * 4)
 				flow_active(q, flow_bucket(p), now);
+			if (capped && cfg && feature_on(cfg, AN_CFG_CLAMP_OFF)) {
+				__u32 cap_idx = AN_VQ_NODE_CAP;
+				struct an_vqueue *cq = bpf_map_lookup_elem(&an_vqueue, &cap_idx);
+
+				clamp_window(skb, off, &th, c->rtt_ns, c->remote_wscale,
+					     cfg->node_internet_cap, frame_of(cfg->uplink_frame),
+					     bulk_flows(cq, now));
+			}
 			return;
 		}
 		if (c->state == AN_CONN_SYN_SENT && (th.flags & AN_TCP_SYN)) {
-			/* Without the option in the SYN-ACK the pod's windows are not scaled. */
-			if (tcp_wscale(skb, off, &th) < 0)
+			/* Without the option in the SYN-ACK neither side's windows are scaled. */
+			ws = tcp_wscale(skb, off, &th);
+			if (ws < 0)
 				c->wscale = 0;
+			c->remote_wscale = ws < 0 ? 0 : ws;
 		} else if (c->state != AN_CONN_SYNACK_SENT || (th.flags & AN_TCP_SYN)) {
 			return;
 		}
@@ -631,13 +672,14 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		c->state = AN_CONN_ESTABLISHED;
 		return;
 	}
-	if (c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) ||
+	if (!ingress_limited || c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) ||
 	    !feature_on(cfg, AN_CFG_CLAMP_OFF))
 		return;
 	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 	if (!meta || !meta->ingress_rate)
 		return;
-	clamp_window(skb, off, &th, c, meta->ingress_rate, bulk_flows(q, bpf_ktime_get_ns()));
+	clamp_window(skb, off, &th, c->rtt_ns, c->wscale, meta->ingress_rate,
+		     frame_of(meta->frame), bulk_flows(q, bpf_ktime_get_ns()));
 }
 
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
@@ -660,9 +702,18 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	count(slot, dir, class, &p);
 	if (class == AN_CLASS_BLOCKED)
 		return TC_ACT_SHOT;
-	/* Ports are read only for unfragmented TCP and UDP, and a TCP port is never 0. */
-	if ((pod->flags & AN_POD_INGRESS_LIMIT) && p.proto == IPPROTO_TCP && p.ports)
-		pod_tcp(skb, cfg, slot, dir, &p);
+	/*
+	 * Ports are read only for unfragmented TCP and UDP, and a TCP port is never 0. The
+	 * node cap shapes what the pods send to the internet: those connections are clamped
+	 * too while a cap is set.
+	 */
+	if (p.proto == IPPROTO_TCP && p.ports) {
+		int ingress_limited = pod->flags & AN_POD_INGRESS_LIMIT;
+		int capped = class == AN_CLASS_INTERNET && cfg && cfg->node_internet_cap;
+
+		if (ingress_limited || capped)
+			pod_tcp(skb, cfg, slot, dir, &p, ingress_limited, capped);
+	}
 	/*
 	 * Traffic to the pod next meets the HTB class of its ingress limit on this device. Its
 	 * senders are remote, so a drop would be a loss: only ECN-capable packets are signalled.
@@ -673,7 +724,9 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 		if (meta && meta->ingress_rate)
 			shape_remote(skb, cfg, AN_CLASSID_POD_INGRESS,
 				     slot * AN_VQ_PER_POD + AN_VQ_INGRESS, meta->ingress_rate,
-				     class_credit(meta->ingress_burst, meta->ingress_rate), &p);
+				     class_credit(meta->ingress_burst, meta->ingress_rate,
+						  frame_of(meta->frame)),
+				     frame_of(meta->frame), &p);
 	}
 	return TC_ACT_UNSPEC;
 }
@@ -707,7 +760,7 @@ int an_pod_egress(struct __sk_buff *skb)
 	struct an_pod_meta *meta;
 	struct an_vqueue *qi, *qe, *hot = NULL;
 	struct an_flow *f;
-	__u64 now, irate, erate, rate, ti, te;
+	__u64 now, irate, erate, rate, ti, te, frame;
 	int internet, sparse;
 
 	if (!parse(skb, &p)) {
@@ -732,19 +785,20 @@ int an_pod_egress(struct __sk_buff *skb)
 	rate = irate && (!erate || irate < erate) ? irate : erate;
 	if (!rate)
 		return TC_ACT_UNSPEC;
+	frame = frame_of(meta->frame);
 	qi = vq_of(slot * AN_VQ_PER_POD + AN_VQ_INTERNET, irate);
 	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_EGRESS, erate);
 	now = bpf_ktime_get_ns();
 	f = flow_of(slot * AN_VQ_PER_POD + (irate ? AN_VQ_INTERNET : AN_VQ_EGRESS), flow_bucket(&p));
-	ti = qi ? class_credit(0, irate) : 0;
-	te = qe ? class_credit(meta->egress_burst, erate) : 0;
-	sparse = pick_sparse(cfg, f, rate, ti > te ? ti : te, &p, now);
+	ti = qi ? class_credit(0, irate, frame) : 0;
+	te = qe ? class_credit(meta->egress_burst, erate, frame) : 0;
+	sparse = pick_sparse(cfg, f, rate, ti > te ? ti : te, frame, &p, now);
 	if (sparse) {
 		skb->priority = base + AN_LEAF_SPARSE;
 	} else if (feature_on(cfg, AN_CFG_AQM_OFF)) {
-		if (congested(qi, irate, now))
+		if (congested(qi, irate, frame, now))
 			hot = qi;
-		else if (congested(qe, erate, now))
+		else if (congested(qe, erate, frame, now))
 			hot = qe;
 		if (hot && !ce_mark(skb, &p, hot) && (p.tos & 3) != 3 && local_tcp_data(skb, &p)) {
 			__sync_fetch_and_add(&hot->dropped, p.segs);
@@ -756,9 +810,9 @@ int an_pod_egress(struct __sk_buff *skb)
 	 * pod's own (effective, in bytes) for the total.
 	 */
 	if (qi)
-		vq_add(qi, irate, ti, &p, now);
+		vq_add(qi, irate, ti, frame, &p, now);
 	if (qe)
-		vq_add(qe, erate, te, &p, now);
+		vq_add(qe, erate, te, frame, &p, now);
 	if (!sparse) {
 		ti = t_empty_of(qi);
 		te = t_empty_of(qe);
@@ -795,7 +849,8 @@ int an_uplink(struct __sk_buff *skb)
 	}
 	if (cfg && cfg->node_internet_cap)
 		shape_remote(skb, cfg, AN_CLASSID_NODE_CAP, AN_VQ_NODE_CAP, cfg->node_internet_cap,
-			     class_credit(0, cfg->node_internet_cap), &p);
+			     class_credit(0, cfg->node_internet_cap, frame_of(cfg->uplink_frame)),
+			     frame_of(cfg->uplink_frame), &p);
 	return TC_ACT_UNSPEC;
 }
 

@@ -321,8 +321,10 @@ fn ifindex(name: &str) -> Option<u32> {
 /// internet rate `policy_rate`, used when `want` has none) makes `attach_pod` record.
 fn limit_mismatches(rec: &PodRecord, want: &Limits, policy_rate: Option<u64>) -> Vec<String> {
     let m = &rec.meta;
-    let burst =
-        |rate: Option<u64>, bits: Option<u64>| rate.map_or(0, |r| Shape::new(r, bits).burst_bytes);
+    let frame = rec.frame();
+    let burst = |rate: Option<u64>, bits: Option<u64>| {
+        rate.map_or(0, |r| Shape::new(r, bits, frame).burst_bytes)
+    };
     let from_policy = want.internet_egress_rate.is_none();
     let internet = match (want.internet_egress_rate.or(policy_rate), want.egress_rate) {
         (Some(i), Some(e)) => i.min(e),
@@ -596,7 +598,7 @@ mod tests {
         let meta = abi::PodMeta {
             flags: abi::META_IN_USE,
             egress_rate: 20_000_000,
-            egress_burst: Shape::new(20_000_000, None).burst_bytes,
+            egress_burst: Shape::new(20_000_000, None, abi::MIN_FRAME).burst_bytes,
             // Capped at the total egress rate, as attach_pod records it.
             internet_egress_rate: 20_000_000,
             ..Default::default()

@@ -28,6 +28,7 @@ pub enum Check {
     VethWithoutLease,
     ProgramMissing,
     MtuMismatch,
+    ShapingBelowFrame,
     Sysctl,
 }
 
@@ -284,6 +285,58 @@ fn collect(g: &Global, o: &Options) -> Report {
         }
     }
 
+    // Shaping points: none may be smaller than a full-size frame of its device, or that
+    // device's full-size packets are dropped (a pod with such an ingress limit receives
+    // nothing in bulk).
+    for r in records.iter().flatten() {
+        let host = r.host_ifname();
+        if let Some(l) = by_name.get(host.as_str()) {
+            findings.extend(below_frame(
+                &host,
+                l.index,
+                l.mtu,
+                &format!("pod {}/{}", r.namespace(), r.name()),
+                &delete_pod_fix(&r.namespace(), &r.name()),
+            ));
+        }
+        if r.meta.egress_rate != 0 || r.meta.internet_egress_rate != 0 {
+            let netns = abi::cstr(&r.meta.netns);
+            let ifname = r.ifname();
+            let pod_side = aliasnet_shaper::netns::run_in(Path::new(&netns), move || {
+                let mut rt = Rtnl::new().ok()?;
+                let l = rt.links().ok()?.into_iter().find(|l| l.name == ifname)?;
+                Some((l.index, l.mtu))
+            });
+            if let Ok(Some((index, mtu))) = pod_side {
+                let netns2 = netns.clone();
+                let what = format!("pod {}/{}", r.namespace(), r.name());
+                let fix = delete_pod_fix(&r.namespace(), &r.name());
+                let dev = format!("{} in {netns}", r.ifname());
+                if let Ok(f) = aliasnet_shaper::netns::run_in(Path::new(&netns2), move || {
+                    below_frame(&dev, index, mtu, &what, &fix)
+                }) {
+                    findings.extend(f);
+                }
+            }
+        }
+    }
+    if let Some(cfg) = daemons::open_datapath(&g.pin_root)
+        .ok()
+        .and_then(|dp| dp.config().ok())
+    {
+        if cfg.node_internet_cap != 0 {
+            if let Some(up) = links.iter().find(|l| l.index == cfg.uplink_ifindex) {
+                findings.extend(below_frame(
+                    &up.name,
+                    up.index,
+                    up.mtu,
+                    "the node internet-egress cap",
+                    "kill -HUP $(pidof aliasnet-shaperd)   # re-applies the policy with sizes from the uplink's MTU",
+                ));
+            }
+        }
+    }
+
     // Sysctls of the node's network namespace (/proc/sys/net is per netns).
     if read_sysctl("/proc/sys/net/ipv4/ip_forward") != Some(1) {
         findings.push(Finding {
@@ -312,6 +365,37 @@ fn collect(g: &Global, o: &Options) -> Report {
         checked,
         findings,
     }
+}
+
+/// Shaping points on device `dev` (`ifindex`, `mtu`, in the calling thread's netns) that are
+/// smaller than one of its frames.
+fn below_frame(dev: &str, ifindex: u32, mtu: u32, whose: &str, fix: &str) -> Vec<Finding> {
+    let frame = abi::frame_of_mtu(mtu);
+    let sizes = match aliasnet_shaper::tc::Rtnl::new().and_then(|mut rt| rt.queue_sizes(ifindex)) {
+        Ok(s) => s,
+        Err(e) => {
+            return vec![Finding {
+                check: Check::ShapingBelowFrame,
+                subject: dev.to_owned(),
+                problem: format!("cannot read the shaping qdiscs of {whose}: {e}"),
+                fix: "run aliasnetctl as root in the node's network namespace".into(),
+            }]
+        }
+    };
+    sizes
+        .iter()
+        .filter_map(|q| {
+            let what = q.below_frame(frame)?;
+            Some(Finding {
+                check: Check::ShapingBelowFrame,
+                subject: format!("{dev} {:x}:{:x}", q.handle >> 16, q.handle & 0xffff),
+                problem: format!(
+                    "{what} of {whose} is below one {frame}-byte frame of {dev} (MTU {mtu}): full-size packets there are dropped"
+                ),
+                fix: fix.to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// Exit code 0 when nothing is wrong, 1 when something is (after printing it all).
@@ -364,6 +448,7 @@ fn short(c: Check) -> &'static str {
         Check::VethWithoutLease => "(veth without lease)",
         Check::ProgramMissing => "(program missing)",
         Check::MtuMismatch => "(MTU mismatch)",
+        Check::ShapingBelowFrame => "(shaping point below a frame)",
         Check::Sysctl => "(sysctl)",
     }
 }

@@ -32,6 +32,10 @@ struct PodPrograms {
     pod: String,
     ip: String,
     host_veth: String,
+    /// The veth's largest frame (MTU + Ethernet header) and aggregate (GSO/GRO), bytes, that
+    /// the pod's shaping sizes derive from.
+    frame: u32,
+    gso_max: u32,
     programs: Programs,
 }
 
@@ -44,6 +48,9 @@ struct DatapathConfig {
     default_pod_internet_egress_rate: Option<u64>,
     node_internet_egress_cap: Option<u64>,
     uplink_ifindex: Option<u32>,
+    /// The uplink's largest frame and aggregate, bytes, that the node cap's sizes derive from.
+    uplink_frame: Option<u32>,
+    uplink_gso_max: Option<u32>,
     /// `(prefix, class)` of the classifier.
     prefixes: Vec<(String, String)>,
 }
@@ -142,6 +149,8 @@ fn collect(g: &Global) -> Status {
                     default_pod_internet_egress_rate: nz(c.default_internet_rate),
                     node_internet_egress_cap: nz(c.node_internet_cap),
                     uplink_ifindex: (c.uplink_ifindex != 0).then_some(c.uplink_ifindex),
+                    uplink_frame: (c.uplink_frame != 0).then_some(c.uplink_frame),
+                    uplink_gso_max: (c.uplink_gso_max != 0).then_some(c.uplink_gso_max),
                     prefixes: dp
                         .active_prefixes()
                         .unwrap_or_default()
@@ -166,6 +175,8 @@ fn collect(g: &Global) -> Status {
                             pod: rec.name(),
                             ip: rec.ip().to_string(),
                             host_veth: rec.host_ifname(),
+                            frame: rec.meta.frame,
+                            gso_max: rec.meta.gso_max,
                             programs,
                         });
                     }
@@ -277,11 +288,18 @@ fn human(s: &Status) -> String {
         (Some(c), _) => {
             let _ = writeln!(
                 o,
-                "policy epoch {}, default pod internet egress {}, node internet cap {}, uplink ifindex {}",
+                "policy epoch {}, default pod internet egress {}, node internet cap {}, uplink ifindex {}{}",
                 c.policy_epoch,
                 rate(c.default_pod_internet_egress_rate),
                 rate(c.node_internet_egress_cap),
-                c.uplink_ifindex.map_or_else(|| "-".into(), |i| i.to_string())
+                c.uplink_ifindex.map_or_else(|| "-".into(), |i| i.to_string()),
+                match (c.uplink_frame, c.uplink_gso_max) {
+                    (Some(f), Some(g)) => format!(
+                        " (shaped for MTU {}, frame {f} B, GSO/GRO max {g} B)",
+                        u64::from(f).saturating_sub(abi::ETH_HLEN)
+                    ),
+                    _ => String::new(),
+                }
             );
             let prefixes: Vec<String> = c
                 .prefixes
@@ -300,6 +318,8 @@ fn human(s: &Status) -> String {
             "POD",
             "IP",
             "HOST VETH",
+            "MTU>",
+            "GSO MAX>",
             "HOST INGRESS",
             "HOST EGRESS",
             "POD EGRESS",
@@ -309,6 +329,8 @@ fn human(s: &Status) -> String {
                 format!("{}/{}", p.namespace, p.pod),
                 p.ip.clone(),
                 p.host_veth.clone(),
+                u64::from(p.frame).saturating_sub(abi::ETH_HLEN).to_string(),
+                p.gso_max.to_string(),
                 p.programs.host_ingress.short().into(),
                 p.programs.host_egress.short().into(),
                 p.programs.pod_egress.short().into(),

@@ -12,7 +12,7 @@
 
 #include <linux/types.h>
 
-#define AN_ABI_VERSION 2
+#define AN_ABI_VERSION 3
 
 /* Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower). */
 #define AN_MAX_PODS 1024
@@ -95,7 +95,9 @@ struct an_config {
 	__u64 node_internet_cap;        /* bit/s for all pods together, 0 = none */
 	__u32 uplink_ifindex;           /* where the node cap is applied, 0 = none */
 	__u32 flags;
-	__u64 reserved[3];
+	__u32 uplink_frame;             /* the uplink's largest frame, bytes (see AN_MIN_FRAME) */
+	__u32 uplink_gso_max;           /* the uplink's largest GSO/GRO aggregate, bytes */
+	__u64 reserved[2];
 };
 _Static_assert(sizeof(struct an_config) == 64, "an_config size");
 
@@ -160,8 +162,10 @@ struct an_pod_meta {
 	char ifname[16];       /* CNI_IFNAME inside the pod */
 	char host_ifname[16];
 	char netns[256];       /* CNI_NETNS as given on ADD */
+	__u32 frame;           /* the pod's largest frame: veth MTU + Ethernet header, bytes */
+	__u32 gso_max;         /* the pod's largest GSO/GRO aggregate, bytes */
 };
-_Static_assert(sizeof(struct an_pod_meta) == 800, "an_pod_meta size");
+_Static_assert(sizeof(struct an_pod_meta) == 808, "an_pod_meta size");
 
 /*
  * an_vqueue: array, the modelled queue of every shaped class. The programs see each
@@ -183,8 +187,18 @@ _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES ==
 	       "an_vqueue index");
 
 /*
+ * Sizes in "frames" are in units of the device's largest frame (MTU + Ethernet header,
+ * an_pod_meta.frame and an_config.uplink_frame), never of a fixed 1500-byte MTU: no bucket,
+ * queue, threshold or window may be smaller than a packet the device can hand the qdisc
+ * without segmenting it. At a rate where one frame takes longer than a time target (9014
+ * bytes at 1 Mbit/s: 72 ms) the frame floor wins and the delay grows with the frame.
+ * AN_MIN_FRAME is used only for a record that carries no frame size.
+ */
+#define AN_MIN_FRAME 1514
+
+/*
  * Marking threshold (modelled queueing delay): 2 ms up to 10 Mbit/s, growing in proportion
- * to the rate up to 10 ms from 50 Mbit/s, and at least 2 full frames. Measured on veth
+ * to the rate up to 10 ms from 50 Mbit/s, and at least 2 frames. Measured on veth
  * with one cubic + ECN flow: at 10 Mbit/s 2 ms kept the rate at 95 % of the configured
  * (goodput) with ~2 ms of queue, 5-10 ms lost 1-5 %; at 100 Mbit/s and 1 Gbit/s 2 ms
  * lost 3-6 % (the window cut empties a queue that holds only a few of the sender's GSO
@@ -196,20 +210,20 @@ _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES ==
 #define AN_ECN_MARK_FRAMES 2
 /*
  * Shaper sizes, shared with the shaper's Shape so that the model matches the qdiscs.
- * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 full frames.
- * Forwarded traffic (tbf bulk leaf): bucket of 1 ms, at least 2 full frames (so that GSO
- * skbs are segmented), refilled a little faster than the class (HTB shapes, see the
- * shaper's Shape), and a drop-tail queue of 25 ms at the rate, at least 3 full frames. The
- * class's HTB burst is the model's burst credit on both sides.
+ * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 frames.
+ * Forwarded traffic (tbf bulk leaf): bucket of 1 ms, at least 2 frames (a GSO aggregate
+ * larger than the bucket is segmented, a frame always fits), refilled a little faster than
+ * the class (HTB shapes, see the shaper's Shape), and a drop-tail queue of 25 ms at the
+ * rate, at least AN_LEAF_QUEUE_FRAMES frames: room for the window clamp's floor
+ * (AN_WND_MIN_FRAMES) plus the bucket, so a clamped sender never overflows it. The class's
+ * HTB burst is the model's burst credit on both sides.
  */
 #define AN_DEFAULT_BURST_NS 10000000
 #define AN_DEFAULT_BURST_FRAMES 4
 #define AN_LEAF_BURST_NS 1000000
 #define AN_LEAF_BURST_FRAMES 2
 #define AN_LEAF_QUEUE_NS 25000000
-#define AN_LEAF_QUEUE_FRAMES 3
-/* A full-size Ethernet frame (1500-byte MTU, no FCS), as HTB and tbf count it. */
-#define AN_FRAME_BYTES 1514
+#define AN_LEAF_QUEUE_FRAMES 6
 
 /*
  * Flows with a backlog in a class's bulk leaf, as bitmaps of their an_flows buckets: those
@@ -258,19 +272,28 @@ _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
  * congestion control the shaper cannot signal without losses when it ignores ECN (BBRv1
  * overshoots any drop-tail queue in its startup), so the pod's advertised receive window is
  * capped at rate x handshake RTT + AN_WND_QUEUE_NS of the rate (at least AN_WND_MIN_FRAMES
- * full frames), shared among the flows with a backlog in the class (an_vqueue.flows_*),
+ * frames), shared among the flows with a backlog in the class (an_vqueue.flows_*),
  * at least AN_WND_MIN_FLOW_FRAMES per connection: the senders together can then never have
  * more in flight than the path plus a short queue, whatever their congestion control. Only
  * lowered, never raised; not in SYNs; only for connections whose window scale the program
  * saw agreed in the handshake.
+ *
+ * The node's internet cap (on the uplink) is the same case the other way round: its senders
+ * are the pods, and a drop there is a loss for them. So while a cap is set, the remote's
+ * windows in the ACKs to a pod's internet connections are capped the same way, at the cap's
+ * rate and shared among the flows with a backlog in the cap's class, with the uplink's frame
+ * as the unit of the floors.
  */
 #define AN_MAX_CONNS 65536
 #define AN_WND_QUEUE_NS 16000000
-#define AN_WND_MIN_FRAMES 8
+#define AN_WND_MIN_FRAMES 4
 #define AN_WND_MIN_FLOW_FRAMES 2
+_Static_assert(AN_LEAF_QUEUE_FRAMES >= AN_WND_MIN_FRAMES + AN_LEAF_BURST_FRAMES,
+	       "a clamped sender fits the leaf queue");
 #define AN_CONN_SYN_SENT 1    /* the pod sent a SYN; its window scale holds if the SYN-ACK agrees */
 #define AN_CONN_SYNACK_SENT 2 /* the pod answered a SYN; RTT from its SYN-ACK to the next ACK */
 #define AN_CONN_ESTABLISHED 3
+#define AN_CONN_SYN_RCVD 4    /* the remote sent a SYN (its window scale is kept for the pod's SYN-ACK) */
 
 struct an_conn_key {
 	__u32 pod_addr;    /* network byte order */
@@ -283,9 +306,10 @@ _Static_assert(sizeof(struct an_conn_key) == 12, "an_conn_key size");
 struct an_conn {
 	__u64 t_handshake; /* bpf_ktime_get_ns() of the pod's SYN or SYN-ACK */
 	__u32 rtt_ns;      /* the handshake's round trip beyond the host veth */
-	__u8 wscale;       /* shift of the pod's advertised windows */
-	__u8 state;        /* AN_CONN_* */
-	__u16 reserved;
+	__u8 wscale;        /* shift of the pod's advertised windows */
+	__u8 state;         /* AN_CONN_* */
+	__u8 remote_wscale; /* shift of the remote's advertised windows */
+	__u8 reserved;
 };
 _Static_assert(sizeof(struct an_conn) == 16, "an_conn size");
 

@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
@@ -48,13 +48,14 @@ pub const POD_INGRESS_LIMIT: u32 = 1;
 /// `an_conns`: TCP connections of ingress-limited pods, and the window clamp's sizes.
 pub const MAX_CONNS: u32 = 65536;
 pub const WND_QUEUE_NS: u64 = 16_000_000;
-pub const WND_MIN_FRAMES: u64 = 8;
+pub const WND_MIN_FRAMES: u64 = 4;
 pub const WND_MIN_FLOW_FRAMES: u64 = 2;
 /// Epoch of the bulk-flow bitmaps in `an_vqueue`.
 pub const FLOW_EPOCH_NS: u64 = 100_000_000;
 pub const CONN_SYN_SENT: u8 = 1;
 pub const CONN_SYNACK_SENT: u8 = 2;
 pub const CONN_ESTABLISHED: u8 = 3;
+pub const CONN_SYN_RCVD: u8 = 4;
 
 /// `an_flows`: flow buckets per shaped class, and the sparse-leaf rules (see the header).
 pub const FLOW_BUCKETS: u32 = 64;
@@ -79,27 +80,40 @@ pub const ECN_MARK_MAX_NS: u64 = 10_000_000;
 pub const ECN_MARK_REF_RATE: u64 = 10_000_000;
 pub const ECN_MARK_FRAMES: u64 = 2;
 
-/// The marking threshold of a class at `rate` bit/s, in ns (what the programs compute).
-pub fn ecn_mark_ns(rate: u64) -> u64 {
+/// The marking threshold of a class at `rate` bit/s on a device whose largest frame is
+/// `frame` bytes, in ns (what the programs compute).
+pub fn ecn_mark_ns(rate: u64, frame: u64) -> u64 {
     let t = if rate < ECN_MARK_REF_RATE * (ECN_MARK_MAX_NS / ECN_MARK_MIN_NS) {
         ECN_MARK_MIN_NS * (rate / 1000) / (ECN_MARK_REF_RATE / 1000)
     } else {
         ECN_MARK_MAX_NS
     };
-    let frames = ECN_MARK_FRAMES * FRAME_BYTES * 8 * 1_000_000_000 / rate.max(1);
+    let frames = u128::from(ECN_MARK_FRAMES * frame) * 8 * 1_000_000_000 / u128::from(rate.max(1));
+    let frames = frames.min(u128::from(u64::MAX)) as u64;
     t.max(ECN_MARK_MIN_NS).max(frames)
 }
-/// HTB class burst when the pod sets none: 10 ms of the rate, at least 4 full frames.
+/// HTB class burst when the pod sets none: 10 ms of the rate, at least 4 frames.
 pub const DEFAULT_BURST_NS: u64 = 10_000_000;
 pub const DEFAULT_BURST_FRAMES: u64 = 4;
-/// Leaf bucket: 1 ms of the rate, at least 2 full frames (the model's burst credit).
+/// Leaf bucket: 1 ms of the rate, at least 2 frames (a GSO aggregate above it is segmented).
 pub const LEAF_BURST_NS: u64 = 1_000_000;
 pub const LEAF_BURST_FRAMES: u64 = 2;
-/// Forwarded-traffic leaf queue: 25 ms of the rate, at least 3 full frames.
+/// Forwarded-traffic leaf queue: 25 ms of the rate, at least 6 frames (the window clamp's
+/// floor plus the bucket).
 pub const LEAF_QUEUE_NS: u64 = 25_000_000;
-pub const LEAF_QUEUE_FRAMES: u64 = 3;
-/// A full-size Ethernet frame as HTB and tbf count it (1500-byte MTU, no FCS).
-pub const FRAME_BYTES: u64 = 1514;
+pub const LEAF_QUEUE_FRAMES: u64 = 6;
+const _: () = assert!(LEAF_QUEUE_FRAMES >= WND_MIN_FRAMES + LEAF_BURST_FRAMES);
+/// Ethernet header bytes that HTB and tbf count on top of the MTU (no FCS).
+pub const ETH_HLEN: u64 = 14;
+/// The largest frame assumed for a record that carries none (a 1500-byte MTU). Every size
+/// "in frames" is otherwise in frames of the device's own MTU (`PodMeta::frame`,
+/// `Config::uplink_frame`).
+pub const MIN_FRAME: u64 = 1514;
+
+/// The largest frame of a device with `mtu`, as HTB and tbf count it.
+pub const fn frame_of_mtu(mtu: u32) -> u64 {
+    mtu as u64 + ETH_HLEN
+}
 
 /// Traffic class of a packet, decided on its remote address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -205,7 +219,11 @@ pub struct Config {
     pub node_internet_cap: u64,
     pub uplink_ifindex: u32,
     pub flags: u32,
-    pub reserved: [u64; 3],
+    /// The uplink's largest frame (MTU + Ethernet header), bytes.
+    pub uplink_frame: u32,
+    /// The uplink's largest GSO/GRO aggregate, bytes.
+    pub uplink_gso_max: u32,
+    pub reserved: [u64; 2],
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 64);
 
@@ -290,8 +308,12 @@ pub struct PodMeta {
     pub ifname: [u8; 16],
     pub host_ifname: [u8; 16],
     pub netns: [u8; 256],
+    /// The pod veth's largest frame (MTU + Ethernet header), bytes.
+    pub frame: u32,
+    /// The pod veth's largest GSO/GRO aggregate, bytes.
+    pub gso_max: u32,
 }
-const _: () = assert!(core::mem::size_of::<PodMeta>() == 800);
+const _: () = assert!(core::mem::size_of::<PodMeta>() == 808);
 const _: () = assert!(core::mem::offset_of!(PodMeta, k8s_namespace) == 64);
 
 impl Default for PodMeta {
@@ -313,6 +335,8 @@ impl Default for PodMeta {
             ifname: [0; 16],
             host_ifname: [0; 16],
             netns: [0; 256],
+            frame: 0,
+            gso_max: 0,
         }
     }
 }
@@ -335,6 +359,8 @@ impl core::fmt::Debug for PodMeta {
             .field("ifname", &cstr(&self.ifname))
             .field("host_ifname", &cstr(&self.host_ifname))
             .field("netns", &cstr(&self.netns))
+            .field("frame", &self.frame)
+            .field("gso_max", &self.gso_max)
             .finish()
     }
 }
@@ -391,7 +417,8 @@ pub struct Conn {
     pub rtt_ns: u32,
     pub wscale: u8,
     pub state: u8,
-    pub reserved: u16,
+    pub remote_wscale: u8,
+    pub reserved: u8,
 }
 const _: () = assert!(core::mem::size_of::<Conn>() == 16);
 
@@ -509,6 +536,7 @@ mod tests {
             ("AN_CONN_SYN_SENT", CONN_SYN_SENT.into()),
             ("AN_CONN_SYNACK_SENT", CONN_SYNACK_SENT.into()),
             ("AN_CONN_ESTABLISHED", CONN_ESTABLISHED.into()),
+            ("AN_CONN_SYN_RCVD", CONN_SYN_RCVD.into()),
             ("AN_META_IN_USE", META_IN_USE.into()),
             (
                 "AN_META_INTERNET_FROM_POLICY",
@@ -531,7 +559,7 @@ mod tests {
             ("AN_LEAF_BURST_FRAMES", LEAF_BURST_FRAMES),
             ("AN_LEAF_QUEUE_NS", LEAF_QUEUE_NS),
             ("AN_LEAF_QUEUE_FRAMES", LEAF_QUEUE_FRAMES),
-            ("AN_FRAME_BYTES", FRAME_BYTES),
+            ("AN_MIN_FRAME", MIN_FRAME),
         ];
         for (name, rust) in pairs {
             assert_eq!(
@@ -573,13 +601,16 @@ mod tests {
 
     #[test]
     fn marking_threshold_grows_with_the_rate() {
-        // 2 full frames at 1 Mbit/s are longer than 2 ms.
-        assert_eq!(ecn_mark_ns(1_000_000), 2 * 1514 * 8 * 1000);
-        assert_eq!(ecn_mark_ns(10_000_000), 2_422_400);
-        assert_eq!(ecn_mark_ns(20_000_000), 4_000_000);
-        assert_eq!(ecn_mark_ns(50_000_000), 10_000_000);
-        assert_eq!(ecn_mark_ns(1_000_000_000), 10_000_000);
-        assert_eq!(ecn_mark_ns(1_000_000_000_000_000), 10_000_000);
+        // 2 frames at 1 Mbit/s are longer than 2 ms.
+        assert_eq!(ecn_mark_ns(1_000_000, 1514), 2 * 1514 * 8 * 1000);
+        assert_eq!(ecn_mark_ns(10_000_000, 1514), 2_422_400);
+        assert_eq!(ecn_mark_ns(20_000_000, 1514), 4_000_000);
+        assert_eq!(ecn_mark_ns(50_000_000, 1514), 10_000_000);
+        assert_eq!(ecn_mark_ns(1_000_000_000, 1514), 10_000_000);
+        assert_eq!(ecn_mark_ns(1_000_000_000_000_000, 1514), 10_000_000);
+        // Jumbo frames: never below two of the device's frames.
+        assert_eq!(ecn_mark_ns(10_000_000, 9014), 2 * 9014 * 8 * 100);
+        assert_eq!(ecn_mark_ns(1_000_000_000, 9014), 10_000_000);
     }
 
     #[test]

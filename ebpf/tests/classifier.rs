@@ -812,6 +812,56 @@ fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
 }
 
 #[test]
+fn the_queue_model_counts_in_the_devices_frames() {
+    if !require_root() {
+        return;
+    }
+    // A pod on a jumbo-frame MTU: its credit, marking threshold and queue limit are in its
+    // own frames. With 1514-byte floors every jumbo frame would be over the threshold.
+    // (BPF_PROG_TEST_RUN takes at most a page per packet: a 3000-byte MTU stands for 9000.)
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| {
+        m.ingress_rate = SLOW;
+        m.frame = 3014;
+    });
+    let jumbo = Ip {
+        tos: 0x20 | ECT0,
+        ..tcp(ip("203.0.113.9"), POD_IP, 2948)
+    }
+    .build();
+    assert_eq!(jumbo.len(), 3014);
+    let got = burst(&f, programs::HOST_EGRESS, &jumbo, 12);
+    assert_eq!(&got[..7], &[ECT0; 7], "marked below the threshold: {got:?}");
+    assert_eq!(&got[8..], &[CE; 4], "not marked above it: {got:?}");
+}
+
+#[test]
+fn the_window_clamp_floor_is_in_the_pods_frames() {
+    if !require_root() {
+        return;
+    }
+    // 1 Mbit/s on a 9000-byte MTU: rate x (RTT + 16 ms) is 2 kB, far below one frame; the
+    // floor of WND_MIN_FRAMES frames of 9014 bytes is what the window becomes.
+    let rate = SLOW;
+    let mut f = clamping_fixture(rate);
+    f.update_meta(|m| m.frame = 9014);
+    pod_connects(&f, Some(7), Some(7));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!(c.state, abi::CONN_ESTABLISHED);
+    let want = clamped_with(rate, &c, 1, 9014);
+    assert_eq!(
+        u64::from(want) << c.wscale,
+        (abi::WND_MIN_FRAMES * 9014).next_multiple_of(1 << c.wscale)
+    );
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, ACK, 65535, None),
+        None,
+    );
+    assert_eq!(window_of(&out), want);
+}
+
+#[test]
 fn a_gso_packet_is_queued_as_all_its_segments() {
     if !require_root() {
         return;
@@ -1185,14 +1235,18 @@ fn conn(f: &mut Fixture) -> Option<abi::Conn> {
 }
 
 /// The window field the clamp writes for a connection: rate x RTT + 16 ms of the rate (at
-/// least 8 full frames), shared by `flows` (at least 2 frames each), in units of the pod's
-/// window scale, rounded up.
-fn clamped_among(rate: u64, c: &abi::Conn, flows: u64) -> u16 {
+/// least `WND_MIN_FRAMES` of the pod's frames), shared by `flows` (at least
+/// `WND_MIN_FLOW_FRAMES` frames each), in units of the pod's window scale, rounded up.
+fn clamped_with(rate: u64, c: &abi::Conn, flows: u64, frame: u64) -> u16 {
     let cap = (rate / 8 * (u64::from(c.rtt_ns) / 1000) / 1_000_000
         + rate / 8 * abi::WND_QUEUE_NS / 1_000_000_000)
-        .max(abi::WND_MIN_FRAMES * abi::FRAME_BYTES);
-    let cap = (cap / flows).max(abi::WND_MIN_FLOW_FRAMES * abi::FRAME_BYTES);
+        .max(abi::WND_MIN_FRAMES * frame);
+    let cap = (cap / flows).max(abi::WND_MIN_FLOW_FRAMES * frame);
     cap.div_ceil(1 << c.wscale) as u16
+}
+
+fn clamped_among(rate: u64, c: &abi::Conn, flows: u64) -> u16 {
+    clamped_with(rate, c, flows, abi::MIN_FRAME)
 }
 
 fn clamped(rate: u64, c: &abi::Conn) -> u16 {
@@ -1303,6 +1357,72 @@ fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_que
         window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
         clamped(rate, &c)
     );
+}
+
+#[test]
+fn the_node_cap_clamps_the_remote_windows_of_the_pods_internet_connections() {
+    if !require_root() {
+        return;
+    }
+    // No ingress limit: only the node's internet cap, whose senders are the pods.
+    let rate = 10_000_000;
+    let mut f = Fixture::with_policy();
+    f.update_config(|c| {
+        c.node_internet_cap = rate;
+        c.uplink_frame = 1514;
+    });
+    // The pod connects (scale 7); the server answers with scale 9.
+    pod_connects(&f, Some(7), Some(9));
+    let c = conn(&mut f).expect("learnt for the node cap");
+    assert_eq!(
+        (c.state, c.wscale, c.remote_wscale),
+        (abi::CONN_ESTABLISHED, 7, 9)
+    );
+    // The server's windows to the pod are capped at the cap's rate x (RTT + 16 ms), in its
+    // own scale; the pod's windows are not touched (no ingress limit).
+    let to_pod = |f: &Fixture, win: u16| {
+        let (ret, out) = f.run_data(programs::HOST_EGRESS, &tcp_seg(false, ACK, win, None), None);
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        window_of(&out)
+    };
+    let want = {
+        let remote = abi::Conn {
+            wscale: c.remote_wscale,
+            ..c
+        };
+        clamped_with(rate, &remote, 1, 1514)
+    };
+    assert!(want < 65535 && want > 0, "{want}");
+    assert_eq!(to_pod(&f, 65535), want);
+    assert_eq!(to_pod(&f, 1), 1, "only lowered");
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, ACK, 65535, None),
+        None,
+    );
+    assert_eq!(window_of(&out), 65535, "the pod's own windows stay");
+
+    // The pod as the server: the remote's scale comes from its SYN.
+    f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg(false, SYN, 64240, Some(5)),
+        None,
+    );
+    f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, SYN | ACK, 65160, Some(7)),
+        None,
+    );
+    f.run_data(programs::HOST_EGRESS, &tcp_seg(false, ACK, 502, None), None);
+    let c = conn(&mut f).expect("conn");
+    assert_eq!(
+        (c.state, c.wscale, c.remote_wscale),
+        (abi::CONN_ESTABLISHED, 7, 5)
+    );
+
+    // Without a cap nothing is clamped.
+    f.update_config(|c| c.node_internet_cap = 0);
+    assert_eq!(to_pod(&f, 65535), 65535);
 }
 
 #[test]

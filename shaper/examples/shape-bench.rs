@@ -61,8 +61,6 @@ const INTERNET: &str = "203.0.113.10";
 const INTERNAL: &str = "10.30.0.10";
 const CONTAINER_ID: &str = "5b5b5b5b00000000000000000000000000000000000000000000000000000001";
 const BANDWIDTH_PLUGIN: &str = "/usr/lib/cni/bandwidth";
-/// Goodput per full frame: 1448 bytes of TCP payload (timestamps on) in 1514 L2 bytes.
-const MSS: f64 = 1448.0;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -193,6 +191,13 @@ struct Args {
     /// Exploration: `role:k=v` sysctls set at start (role: pod, inet, peer, node).
     #[arg(long)]
     sysctl: Vec<String>,
+    /// MTU of every link of the topology (pod veth, uplink, internal peer): 1500 or a jumbo
+    /// MTU such as 9000.
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
+    /// GRO on the node's veths.
+    #[arg(long)]
+    gro: bool,
     /// Write the markdown report here too.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -260,6 +265,8 @@ struct Bench {
     tweaks: Vec<String>,
     /// Parallel iperf3 streams (`-P`) of the next runs.
     streams: u32,
+    mtu: u32,
+    gro: bool,
 }
 
 impl Bench {
@@ -286,7 +293,7 @@ impl Bench {
             .args(cmd))
     }
 
-    fn new(raw: Option<File>, tweaks: Vec<String>) -> Result<Self> {
+    fn new(raw: Option<File>, tweaks: Vec<String>, mtu: u32, gro: bool) -> Result<Self> {
         let tag = format!("asb{}", std::process::id() % 100_000);
         let bpffs = tempfile::Builder::new()
             .prefix("aliasnet-shape-bench-")
@@ -300,6 +307,8 @@ impl Bench {
             raw,
             tweaks,
             streams: 1,
+            mtu,
+            gro,
         };
         run(Command::new("mount")
             .args(["-t", "bpf", "bpf"])
@@ -329,19 +338,25 @@ impl Bench {
             ip(&["netns", "add", n])?;
             ip(&["-n", n, "link", "set", "lo", "up"])?;
         }
+        let mtu = self.mtu.to_string();
         ip(&[
-            "-n", &node, "link", "add", "vh1", "type", "veth", "peer", "name", "eth0", "netns",
-            &pod,
+            "-n", &node, "link", "add", "vh1", "mtu", &mtu, "type", "veth", "peer", "name", "eth0",
+            "mtu", &mtu, "netns", &pod,
         ])?;
         ip(&[
-            "-n", &node, "link", "add", "up0", "type", "veth", "peer", "name", "ext0", "netns",
-            &inet,
+            "-n", &node, "link", "add", "up0", "mtu", &mtu, "type", "veth", "peer", "name", "ext0",
+            "mtu", &mtu, "netns", &inet,
         ])?;
         ip(&[
-            "-n", &node, "link", "add", "vp0", "type", "veth", "peer", "name", "int0", "netns",
-            &peer,
+            "-n", &node, "link", "add", "vp0", "mtu", &mtu, "type", "veth", "peer", "name", "int0",
+            "mtu", &mtu, "netns", &peer,
         ])?;
         self.exec("node", &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        if self.gro {
+            for l in ["vh1", "up0", "vp0"] {
+                self.exec("node", &["ethtool", "-K", l, "gro", "on"])?;
+            }
+        }
         for l in ["vh1", "up0", "vp0"] {
             ip(&["-n", &node, "link", "set", l, "up"])?;
         }
@@ -748,7 +763,9 @@ impl Bench {
             bail!("iperf3: {e}");
         }
         let end = &v["end"];
-        let mss = v["start"]["tcp_mss_default"].as_f64().unwrap_or(MSS);
+        let mss = v["start"]["tcp_mss_default"]
+            .as_f64()
+            .unwrap_or(f64::from(self.mtu) - 52.0);
         let sent = end["sum_sent"]["bytes"].as_f64().unwrap_or(0.0);
         Ok(Iperf {
             mbps: end["sum_received"]["bits_per_second"]
@@ -1675,7 +1692,7 @@ fn main() -> Result<()> {
         })
         .transpose()?;
 
-    let mut b = Bench::new(raw, args.tweak.clone())?;
+    let mut b = Bench::new(raw, args.tweak.clone(), args.mtu, args.gro)?;
     for s in &args.sysctl {
         let (role, kv) = s
             .split_once(':')

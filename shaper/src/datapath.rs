@@ -76,7 +76,7 @@ pub(crate) fn with_leaves(class: HtbClass) -> [HtbClass; 3] {
     let leaf = |offset: u32, rate: u64, prio: u32| HtbClass {
         classid: class.classid + offset,
         parent: class.classid,
-        rate: Shape::new(rate, None),
+        rate: class.rate.at_rate(rate),
         ceil: class.ceil,
         prio,
     };
@@ -119,62 +119,63 @@ struct MapSpec {
     max_entries: u32,
 }
 
-/// What every pinned map must look like for this build; checked before reuse.
+/// What every pinned map must look like for this build; checked before reuse. Sizes come
+/// from the ABI mirrors, whose sizes the header asserts too.
 const SPECS: [MapSpec; 11] = [
     MapSpec {
         name: maps::PREFIXES,
         kind: MapType::LpmTrie,
-        key: 12,
-        value: 8,
+        key: size_of::<aya::maps::lpm_trie::Key<abi::LpmKeyData>>() as u32,
+        value: size_of::<abi::LpmValue>() as u32,
         max_entries: abi::LPM_MAX_ENTRIES,
     },
     MapSpec {
         name: maps::CONFIG,
         kind: MapType::Array,
-        key: 4,
-        value: 64,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::Config>() as u32,
         max_entries: 1,
     },
     MapSpec {
         name: maps::PODS,
         kind: MapType::Hash,
-        key: 4,
-        value: 16,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::Pod>() as u32,
         max_entries: abi::MAX_PODS,
     },
     MapSpec {
         name: maps::POD_IPS,
         kind: MapType::Hash,
-        key: 4,
-        value: 4,
+        key: size_of::<u32>() as u32,
+        value: size_of::<u32>() as u32,
         max_entries: abi::MAX_PODS,
     },
     MapSpec {
         name: maps::COUNTERS,
         kind: MapType::PerCpuArray,
-        key: 4,
-        value: 128,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::PodCounters>() as u32,
         max_entries: abi::MAX_PODS,
     },
     MapSpec {
         name: maps::NODE_COUNTERS,
         kind: MapType::PerCpuArray,
-        key: 4,
-        value: 32,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::NodeCounters>() as u32,
         max_entries: 1,
     },
     MapSpec {
         name: maps::POD_META,
         kind: MapType::Array,
-        key: 4,
-        value: 800,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::PodMeta>() as u32,
         max_entries: abi::MAX_PODS,
     },
     MapSpec {
         name: maps::NS_RATES,
         kind: MapType::Hash,
-        key: 64,
-        value: 8,
+        key: size_of::<abi::NsKey>() as u32,
+        value: size_of::<abi::NsRate>() as u32,
         max_entries: abi::MAX_NAMESPACES,
     },
     // ECN marking state; the programs own it, userspace only reads it and resets a slot's
@@ -182,8 +183,8 @@ const SPECS: [MapSpec; 11] = [
     MapSpec {
         name: maps::VQUEUE,
         kind: MapType::Array,
-        key: 4,
-        value: 48,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::VQueue>() as u32,
         max_entries: abi::VQ_ENTRIES,
     },
     // Flow isolation state; the programs own it (stale entries lie in the past, so a slot's
@@ -191,16 +192,16 @@ const SPECS: [MapSpec; 11] = [
     MapSpec {
         name: maps::FLOWS,
         kind: MapType::Array,
-        key: 4,
-        value: 16,
+        key: size_of::<u32>() as u32,
+        value: size_of::<abi::Flow>() as u32,
         max_entries: abi::FLOW_ENTRIES,
     },
     // The window clamp's connections; the programs own it.
     MapSpec {
         name: maps::CONNS,
         kind: MapType::LruHash,
-        key: 12,
-        value: 16,
+        key: size_of::<abi::ConnKey>() as u32,
+        value: size_of::<abi::Conn>() as u32,
         max_entries: abi::MAX_CONNS,
     },
 ];
@@ -666,6 +667,11 @@ impl Datapath {
             Some(_) => Some(resolve_uplink(policy.uplink.as_deref())?),
             None => None,
         };
+        // The node cap's sizes derive from the uplink's frame; the programs read it with the cap.
+        let uplink_sizes = match &uplink {
+            Some((_, ifindex)) => Some(Rtnl::new()?.link_sizes(*ifindex)?),
+            None => None,
+        };
         let _lock = self.lock()?;
         let old = self.config()?;
         let mut report = PolicyReport::default();
@@ -697,6 +703,9 @@ impl Datapath {
             default_internet_rate: policy.pod_internet_egress_rate.unwrap_or(0),
             node_internet_cap: policy.node_internet_egress_cap.unwrap_or(0),
             uplink_ifindex: uplink.as_ref().map_or(0, |u| u.1),
+            uplink_frame: uplink_sizes.map_or(0, |s| u32::try_from(s.frame()).unwrap_or(u32::MAX)),
+            uplink_gso_max: uplink_sizes
+                .map_or(0, |s| u32::try_from(s.aggregate_max()).unwrap_or(u32::MAX)),
             ..old
         };
         self.config
@@ -769,7 +778,7 @@ impl Datapath {
             return Ok(());
         };
         let mut rt = Rtnl::new()?;
-        let shape = Shape::new(cap, None);
+        let shape = Shape::new(cap, None, u64::from(self.config()?.uplink_frame));
         let classes = with_leaves(HtbClass {
             classid: abi::CLASSID_NODE_CAP,
             parent: handle(HTB_MAJOR, 0),

@@ -118,6 +118,10 @@ impl PodRecord {
     pub fn ip(&self) -> Ipv4Addr {
         Ipv4Addr::from(self.meta.ipv4)
     }
+    /// The largest frame of the pod's veth, bytes: what its shaping sizes derive from.
+    pub fn frame(&self) -> u64 {
+        meta_frame(&self.meta)
+    }
 }
 
 /// Queue statistics of a pod's shaping qdiscs (drops here are the "rate" drops).
@@ -143,6 +147,14 @@ fn ifindex(name: &str) -> Result<u32, ShaperError> {
         name: name.to_owned(),
         source,
     })
+}
+
+/// The largest frame of a pod's veth as recorded on attach.
+fn meta_frame(meta: &abi::PodMeta) -> u64 {
+    match meta.frame {
+        0 => abi::MIN_FRAME,
+        f => u64::from(f),
+    }
 }
 
 fn nonzero(v: u64) -> Option<u64> {
@@ -228,10 +240,11 @@ impl PodHooks {
 /// egress shaping.
 pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
     let root = handle(HTB_MAJOR, 0);
+    let frame = meta_frame(meta);
     let internet = nonzero(meta.internet_egress_rate);
     match nonzero(meta.egress_rate) {
         None => {
-            let i = Shape::new(internet?, None);
+            let i = Shape::new(internet?, None, frame);
             Some(
                 with_leaves(HtbClass {
                     classid: abi::CLASSID_POD_INTERNET,
@@ -246,7 +259,7 @@ pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
         Some(e) => {
             // Children's guaranteed rates sum to the parent's, so the total holds; each may
             // borrow up to its ceiling when the other is idle.
-            let total = Shape::new(e, Some(meta.egress_burst.saturating_mul(8)));
+            let total = Shape::new(e, Some(meta.egress_burst.saturating_mul(8)), frame);
             let i = internet.unwrap_or(e).min(e);
             let parent = handle(HTB_MAJOR, 1);
             let mut classes = vec![HtbClass {
@@ -259,14 +272,14 @@ pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
             classes.extend(with_leaves(HtbClass {
                 classid: abi::CLASSID_POD_INTERNET,
                 parent,
-                rate: Shape::new((i / 2).max(1), None),
-                ceil: Shape::new(i, None),
+                rate: Shape::new((i / 2).max(1), None, frame),
+                ceil: Shape::new(i, None, frame),
                 prio: 0,
             }));
             classes.extend(with_leaves(HtbClass {
                 classid: abi::CLASSID_POD_OTHER,
                 parent,
-                rate: Shape::new((e - i / 2).max(1), None),
+                rate: Shape::new((e - i / 2).max(1), None, frame),
                 ceil: total,
                 prio: 0,
             }));
@@ -278,7 +291,11 @@ pub(crate) fn pod_egress_classes(meta: &abi::PodMeta) -> Option<Vec<HtbClass>> {
 /// HTB classes on the host veth for the pod's ingress limit (the class and its leaves).
 fn host_ingress_classes(meta: &abi::PodMeta) -> Option<[HtbClass; 3]> {
     let r = nonzero(meta.ingress_rate)?;
-    let s = Shape::new(r, Some(meta.ingress_burst.saturating_mul(8)));
+    let s = Shape::new(
+        r,
+        Some(meta.ingress_burst.saturating_mul(8)),
+        meta_frame(meta),
+    );
     Some(with_leaves(HtbClass {
         classid: abi::CLASSID_POD_INGRESS,
         parent: handle(HTB_MAJOR, 0),
@@ -464,16 +481,22 @@ impl Datapath {
         }
         let host_ifindex = ifindex(&req.host_ifname)?;
         meta.host_ifindex = host_ifindex;
+        // Every size of the pod's shaping points derives from its veth's frame (the plugin
+        // gives both ends the same MTU).
+        let sizes = Rtnl::new()?.link_sizes(host_ifindex)?;
+        meta.frame = u32::try_from(sizes.frame()).unwrap_or(u32::MAX);
+        meta.gso_max = u32::try_from(sizes.aggregate_max()).unwrap_or(u32::MAX);
+        let frame = sizes.frame();
         let key = PodKey::of(&meta);
 
         let lim = &req.limits;
         if let Some(r) = lim.ingress_rate {
             meta.ingress_rate = r;
-            meta.ingress_burst = Shape::new(r, lim.ingress_burst).burst_bytes;
+            meta.ingress_burst = Shape::new(r, lim.ingress_burst, frame).burst_bytes;
         }
         if let Some(r) = lim.egress_rate {
             meta.egress_rate = r;
-            meta.egress_burst = Shape::new(r, lim.egress_burst).burst_bytes;
+            meta.egress_burst = Shape::new(r, lim.egress_burst, frame).burst_bytes;
         }
         let internet = match lim.internet_egress_rate {
             Some(r) => Some(r),

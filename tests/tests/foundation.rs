@@ -5,7 +5,7 @@ use std::{net::Ipv4Addr, os::unix::fs::MetadataExt, process::Stdio, time::Durati
 
 use aliasnet_tests::{
     cni::Invocation,
-    fabric::{Fabric, FabricOpts, Node, INTERNET_IP, INTERNET_IP2, VNET_MTU},
+    fabric::{vnet_mtu, Fabric, FabricOpts, Node, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
     require_root,
 };
@@ -68,14 +68,15 @@ fn pods_reach_each_other_and_the_internet_without_encapsulation() {
         assert!(!out.contains(tunnel), "encapsulation seen: {out}");
     }
 
-    // A full-MTU packet with DF set crosses nodes unfragmented: pod MTU = uplink MTU (9000),
+    // A full-MTU packet with DF set crosses nodes unfragmented: pod MTU = uplink MTU,
     // ICMP payload = MTU - 20 (IP) - 8 (ICMP).
-    let payload = (VNET_MTU - 28).to_string();
+    let payload = (vnet_mtu() - 28).to_string();
     assert!(
         a.ping(c.ip, &["-M", "do", "-s", &payload]),
-        "a {VNET_MTU}-byte DF packet must cross nodes"
+        "a {}-byte DF packet must cross nodes",
+        vnet_mtu()
     );
-    let too_big = (VNET_MTU - 27).to_string();
+    let too_big = (vnet_mtu() - 27).to_string();
     assert!(
         !a.ping(c.ip, &["-M", "do", "-s", &too_big]),
         "one byte more than the MTU must not pass with DF"
@@ -139,7 +140,7 @@ fn add_wires_pod_and_host_exactly() {
 
     // Pod side: /32, MTU from the uplink, gateway route, permanent neighbour, default route.
     let link = &p.ns.ip_json(&["link", "show", "eth0"]).unwrap()[0];
-    assert_eq!(link["mtu"], VNET_MTU, "pod MTU = uplink MTU");
+    assert_eq!(link["mtu"], vnet_mtu(), "pod MTU = uplink MTU");
     assert_eq!(link["link_type"], "ether");
     let addrs = p.ns.ip_json(&["-4", "addr", "show", "eth0"]).unwrap();
     let ai = &addrs[0]["addr_info"][0];
@@ -193,7 +194,7 @@ fn add_wires_pod_and_host_exactly() {
     );
     assert_eq!(
         n.ns.ip_json(&["link", "show", host_veth]).unwrap()[0]["mtu"],
-        VNET_MTU
+        vnet_mtu()
     );
 
     // The reservation carries the pod identity from CNI_ARGS.

@@ -40,6 +40,42 @@ pub const CONTAINER_ID: &str = "c0ffee000000000000000000000000000000000000000000
 static SERIAL: Mutex<()> = Mutex::new(());
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// The fabric's link sizes. Nodes users run have jumbo frames (AWS 9001, Azure 9000, GCP up
+/// to 8896) or 1500; the default is 9000, or `ALIASNET_TEST_MTU`, and the suite also runs at
+/// 1500 (tests/run.sh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Links {
+    /// The node's uplink and the internal peer's link.
+    pub uplink_mtu: u32,
+    /// The pod's veth pair (the plugin's default: the uplink's MTU).
+    pub pod_mtu: u32,
+    /// GRO on the node's veths (as several CNIs set it), so aggregates of up to 64 KiB reach
+    /// the shaping points from both sides.
+    pub gro: bool,
+}
+
+impl Links {
+    pub fn from_env() -> Self {
+        let mtu = std::env::var("ALIASNET_TEST_MTU")
+            .ok()
+            .map(|v| v.parse().expect("ALIASNET_TEST_MTU is a number"))
+            .unwrap_or(9000);
+        Self {
+            uplink_mtu: mtu,
+            pod_mtu: mtu,
+            gro: false,
+        }
+    }
+
+    pub fn mtu(mtu: u32) -> Self {
+        Self {
+            uplink_mtu: mtu,
+            pod_mtu: mtu,
+            gro: false,
+        }
+    }
+}
+
 pub fn require_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
@@ -71,7 +107,8 @@ pub fn ip(args: &[&str]) {
 }
 
 pub struct Fabric {
-    _serial: MutexGuard<'static, ()>,
+    _serial: Option<MutexGuard<'static, ()>>,
+    pub links: Links,
     pub prefix: String,
     pub bpffs: tempfile::TempDir,
     pub shaperd_log: PathBuf,
@@ -80,7 +117,21 @@ pub struct Fabric {
 
 impl Fabric {
     pub fn new() -> Self {
+        Self::with_links(Links::from_env())
+    }
+
+    /// A fabric with `links`, one test at a time.
+    pub fn with_links(links: Links) -> Self {
         let serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        Self::build_with(links, Some(serial))
+    }
+
+    /// A fabric that runs beside others (for tests that measure several at once on purpose).
+    pub fn concurrent(links: Links) -> Self {
+        Self::build_with(links, None)
+    }
+
+    fn build_with(links: Links, serial: Option<MutexGuard<'static, ()>>) -> Self {
         let prefix = format!(
             "ant{}x{}",
             std::process::id() % 100_000,
@@ -97,6 +148,7 @@ impl Fabric {
         let shaperd_log = bpffs.path().with_extension("log");
         let f = Self {
             _serial: serial,
+            links,
             prefix,
             bpffs,
             shaperd_log,
@@ -129,18 +181,27 @@ impl Fabric {
             ip(&["netns", "add", n]);
             ip(&["-n", n, "link", "set", "lo", "up"]);
         }
+        let (up, pm) = (
+            self.links.uplink_mtu.to_string(),
+            self.links.pod_mtu.to_string(),
+        );
         ip(&[
-            "-n", &node, "link", "add", "vh1", "type", "veth", "peer", "name", "eth0", "netns",
-            &pod,
+            "-n", &node, "link", "add", "vh1", "mtu", &pm, "type", "veth", "peer", "name", "eth0",
+            "mtu", &pm, "netns", &pod,
         ]);
         ip(&[
-            "-n", &node, "link", "add", "up0", "type", "veth", "peer", "name", "ext0", "netns",
-            &inet,
+            "-n", &node, "link", "add", "up0", "mtu", &up, "type", "veth", "peer", "name", "ext0",
+            "mtu", &up, "netns", &inet,
         ]);
         ip(&[
-            "-n", &node, "link", "add", "vp0", "type", "veth", "peer", "name", "int0", "netns",
-            &peer,
+            "-n", &node, "link", "add", "vp0", "mtu", &up, "type", "veth", "peer", "name", "int0",
+            "mtu", &up, "netns", &peer,
         ]);
+        if self.links.gro {
+            for l in ["vh1", "up0", "vp0"] {
+                self.exec("node", &["ethtool", "-K", l, "gro", "on"]);
+            }
+        }
         self.exec("node", &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         for l in ["vh1", "up0", "vp0"] {
             ip(&["-n", &node, "link", "set", l, "up"]);
@@ -442,6 +503,47 @@ impl Fabric {
             .as_f64()
             .unwrap_or_else(|| panic!("iperf3 result: {v}"))
             / 1e6
+    }
+
+    /// A `secs` TCP transfer to `receiver` from a server in `sender` on `addr`, measured by
+    /// the receiver (iperf3 client with -R); returns the client's JSON report, which carries
+    /// the sender's retransmits too.
+    pub fn iperf_received(
+        &self,
+        receiver: &str,
+        sender: &str,
+        addr: &str,
+        secs: u32,
+    ) -> serde_json::Value {
+        let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &self.ns(sender)])
+            .args(["iperf3", "-s", "-1", "-B", addr, "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("iperf3 server");
+        // The client retries until the server listens.
+        let t = secs.to_string();
+        let args = ["iperf3", "-J", "-R", "-c", addr, "-p", &port, "-t", &t];
+        let mut out = self.try_exec(receiver, &args);
+        for _ in 0..50 {
+            if !String::from_utf8_lossy(&out.stdout).contains("Connection refused") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            out = self.try_exec(receiver, &args);
+        }
+        let _ = server.kill();
+        let _ = server.wait();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "iperf3 output: {e}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        assert!(v["error"].is_null(), "iperf3: {}", v["error"]);
+        v
     }
 
     /// iperf3 from `sender` to a server in `receiver` on `dst` (client bound to `bind`),

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use aliasnet_tests::{
-    fabric::{Fabric, FabricOpts, Node, Pod, INTERNET_IP, INTERNET_IP2, VNET_MTU},
+    fabric::{vnet_mtu, Fabric, FabricOpts, Node, Pod, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
 };
 use anyhow::{bail, Result};
@@ -139,9 +139,12 @@ fn main() -> Result<()> {
         &format!("mpi-0 -> mpi-1 (cross node) {} -> {}", p(1).ip, p(2).ip),
         p(1).ping(p(2).ip, &[]),
     );
-    let full = (VNET_MTU - 28).to_string();
+    let full = (vnet_mtu() - 28).to_string();
     check(
-        &format!("mpi-0 -> mpi-1 {VNET_MTU}-byte packet, DF set (no encapsulation overhead)"),
+        &format!(
+            "mpi-0 -> mpi-1 {}-byte packet, DF set (no encapsulation overhead)",
+            vnet_mtu()
+        ),
         p(1).ping(p(2).ip, &["-M", "do", "-s", &full]),
     );
     check(
