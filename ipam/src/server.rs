@@ -29,8 +29,16 @@ use crate::service::Ipam;
 
 /// Connections served at once; more wait in the listen backlog.
 const MAX_CONNECTIONS: usize = 1024;
-/// A client that sent a frame header must deliver the body within this.
-const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection must deliver a whole frame header within this of being accepted or of its
+/// previous reply: the plugin sends its request right after connecting, so an idle or
+/// trickling client only holds a slot and a task.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A client that sent a frame header must deliver the body within this (8 MiB over a local
+/// socket takes milliseconds).
+const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// A reply must be taken by the client within this; one that never reads is dropped (a fresh
+/// allocation it was owed is released again).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long shutdown waits for requests in progress.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -163,9 +171,14 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
     loop {
         let mut header = [0u8; 4];
         tokio::select! {
-            r = rd.read_exact(&mut header) => if r.is_err() {
+            r = tokio::time::timeout(HEADER_TIMEOUT, rd.read_exact(&mut header)) => match r {
+                Ok(Ok(_)) => {}
                 // EOF between frames (normal close) or a header cut short: nothing to do.
-                return;
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    tracing::debug!("no request within {HEADER_TIMEOUT:?}; closing");
+                    return;
+                }
             },
             _ = stopped(&mut shutdown) => return,
         }
@@ -176,7 +189,8 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
                     kind: ErrorKind::BadRequest,
                     message: e.to_string(),
                 };
-                let _ = wr.write_all(&encode_reply(&reply)).await;
+                let _ =
+                    tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&encode_reply(&reply))).await;
                 return;
             }
         };
@@ -215,8 +229,14 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
             }
             .into(),
         };
-        if let Err(e) = wr.write_all(&encode_reply(&handled.response)).await {
-            tracing::debug!(error = %e, "client went away before its reply");
+        let written = tokio::time::timeout(
+            WRITE_TIMEOUT,
+            wr.write_all(&encode_reply(&handled.response)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)));
+        if let Err(e) = written {
+            tracing::debug!(error = %e, "client went away or did not read its reply");
             if let Some(lease) = handled.rollback {
                 ipam.rollback(&lease).await;
             }
