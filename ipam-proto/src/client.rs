@@ -2,9 +2,12 @@
 
 use std::{
     io,
-    os::unix::net::UnixStream,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::{ffi::OsStrExt, net::UnixStream},
+    },
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use crate::{
@@ -49,12 +52,21 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connect with `timeout` applied to every later read and write.
+    /// Connect within `timeout`, and apply `timeout` to every later read and write.
     pub fn connect(path: impl AsRef<Path>, timeout: Duration) -> Result<Self, ClientError> {
         let path = path.as_ref().to_path_buf();
-        let stream = UnixStream::connect(&path).map_err(|source| ClientError::Unavailable {
-            path: path.clone(),
-            source,
+        let stream = connect_within(&path, timeout).map_err(|source| {
+            if source.kind() == io::ErrorKind::TimedOut {
+                ClientError::Timeout {
+                    path: path.clone(),
+                    timeout,
+                }
+            } else {
+                ClientError::Unavailable {
+                    path: path.clone(),
+                    source,
+                }
+            }
         })?;
         stream
             .set_read_timeout(Some(timeout))
@@ -164,10 +176,15 @@ pub fn record_op(
     }
 }
 
+/// Most [`send_op_record`] may take, whatever timeout it is given: it runs after the CNI
+/// result is out, and the runtime waits for the plugin to exit.
+pub const SEND_OP_RECORD_BUDGET: Duration = Duration::from_millis(5);
+
 /// [`record_op`] without waiting for the answer: connect, send the frame, close. The runtime
 /// waits for the plugin process to exit, so the daemon's reply would only add a scheduling
 /// round trip to every pod operation; a record lost to a daemon restart costs one sample.
-/// Bounded by `timeout` like `record_op`.
+/// Bounded by `timeout` and by [`SEND_OP_RECORD_BUDGET`] (a daemon whose backlog is full
+/// costs the sample, not the pod's time).
 pub fn send_op_record(
     socket: impl AsRef<Path>,
     verb: &str,
@@ -175,7 +192,7 @@ pub fn send_op_record(
     duration: Duration,
     timeout: Duration,
 ) -> Result<(), ClientError> {
-    let mut c = Client::connect(socket, timeout)?;
+    let mut c = Client::connect(socket, timeout.min(SEND_OP_RECORD_BUDGET))?;
     let req = record_op_request(verb, code, duration);
     frame::write_frame(&mut c.stream, &req).map_err(|source| ClientError::Protocol {
         path: c.path.clone(),
@@ -183,10 +200,144 @@ pub fn send_op_record(
     })
 }
 
+/// Connect to the unix socket `path` within `timeout`. A blocking `connect(2)` on a unix
+/// socket waits without limit while the listener's backlog is full (a daemon that stopped
+/// accepting); a non-blocking one fails with `EAGAIN` instead, so this retries with short
+/// pauses until the deadline and then reports `TimedOut`.
+pub fn connect_within(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    let deadline = Instant::now() + timeout;
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a usable unix socket path (empty, too long or with NUL)",
+        ));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh fd nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut pause = Duration::from_millis(1);
+    loop {
+        // SAFETY: addr/len describe a valid sockaddr_un; fd is open.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&raw const addr).cast::<libc::sockaddr>(),
+                len,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the daemon's listen backlog stayed full",
+                    ));
+                }
+                std::thread::sleep(pause.min(left));
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            _ => return Err(e),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 fn record_op_request(verb: &str, code: u32, duration: Duration) -> Request {
     Request::RecordOp {
         verb: verb.to_owned(),
         code,
         duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener that never accepts, its backlog filled by connections nobody serves.
+    fn stuck_listener(dir: &Path) -> (std::os::unix::net::UnixListener, Vec<OwnedFd>, PathBuf) {
+        let path = dir.join("stuck.sock");
+        let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut held = Vec::new();
+        loop {
+            match connect_within(&path, Duration::ZERO) {
+                Ok(s) => held.push(OwnedFd::from(s)),
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(held.len() < 100_000, "backlog never filled");
+        }
+        (l, held, path)
+    }
+
+    #[test]
+    fn connect_to_a_full_backlog_times_out_instead_of_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_l, _held, path) = stuck_listener(dir.path());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let r = Client::connect(&p, Duration::from_millis(300)).map(|_| ());
+            let _ = tx.send((r, t0.elapsed()));
+        });
+        let (r, took) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("connect hung on a full backlog");
+        assert!(matches!(r, Err(ClientError::Timeout { .. })), "{r:?}");
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+        assert!(took < Duration::from_millis(1000), "{took:?}");
+
+        // The plugin's operation record, sent after the CNI result, costs a few ms at most.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let r = send_op_record(
+                &path,
+                "ADD",
+                0,
+                Duration::from_millis(3),
+                Duration::from_millis(100),
+            );
+            let _ = tx.send((r.is_err(), t0.elapsed()));
+        });
+        let (failed, took) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("send_op_record hung on a full backlog");
+        assert!(failed);
+        assert!(took < Duration::from_millis(20), "{took:?}");
+    }
+
+    #[test]
+    fn connect_reports_a_missing_socket_as_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Client::connect(dir.path().join("nope.sock"), Duration::from_secs(1));
+        assert!(matches!(r, Err(ClientError::Unavailable { .. })));
     }
 }

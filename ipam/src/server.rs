@@ -7,6 +7,7 @@
 //! changes nothing.
 
 use std::{
+    collections::BTreeMap,
     io,
     os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
@@ -21,13 +22,13 @@ use aliasnet_ipam_proto::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
-    sync::{watch, Semaphore},
+    sync::{watch, Notify},
     task::JoinSet,
 };
 
 use crate::service::Ipam;
 
-/// Connections served at once; more wait in the listen backlog.
+/// Connections served at once (see [`Slots`]).
 const MAX_CONNECTIONS: usize = 1024;
 /// A connection must deliver a whole frame header within this of being accepted or of its
 /// previous reply: the plugin sends its request right after connecting, so an idle or
@@ -91,6 +92,109 @@ pub fn bind(path: &Path) -> Result<UnixListener, BindError> {
     Ok(listener)
 }
 
+/// Connection slots. At most [`MAX_CONNECTIONS`] connections are served; a connection is
+/// *waiting* while it waits for its client (for a request, or for the client to take a reply)
+/// and *busy* while its request is handled. Accepting never stops for waiting connections: at
+/// the limit the one that has waited longest is closed to make room, so clients that connect
+/// and idle cannot lock a real ADD out. Only when every slot is busy (requests that finish
+/// within milliseconds, or the 30 s wait limit) does a new connection wait for one.
+struct Slots {
+    inner: std::sync::Mutex<SlotsInner>,
+    /// Signalled when a slot frees or a connection starts waiting (at the limit only).
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct SlotsInner {
+    live: usize,
+    next: u64,
+    /// Waiting connections by when they started waiting, with the signal that closes them.
+    waiting: BTreeMap<u64, Arc<Notify>>,
+}
+
+impl Slots {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            inner: Default::default(),
+            changed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsInner> {
+        // Plain counters: a panic elsewhere cannot leave them half-updated.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Take a slot for a new connection, closing the longest-waiting one at the limit; `false`
+    /// when every slot is busy.
+    fn claim(&self) -> bool {
+        let mut g = self.lock();
+        if g.live >= MAX_CONNECTIONS {
+            let Some((_, kick)) = g.waiting.pop_first() else {
+                return false;
+            };
+            // Its slot is ours from now; the evicted task only closes its socket.
+            kick.notify_one();
+            g.live -= 1;
+        }
+        g.live += 1;
+        true
+    }
+}
+
+/// A connection's slot; released on drop.
+struct Slot {
+    slots: Arc<Slots>,
+    kick: Arc<Notify>,
+    waiting: Option<u64>,
+    evicted: bool,
+}
+
+impl Slot {
+    /// The connection waits for its client: it may be closed to make room.
+    fn wait(&mut self) {
+        if self.waiting.is_some() || self.evicted {
+            return;
+        }
+        let mut g = self.slots.lock();
+        let seq = g.next;
+        g.next += 1;
+        g.waiting.insert(seq, self.kick.clone());
+        let full = g.live >= MAX_CONNECTIONS;
+        drop(g);
+        self.waiting = Some(seq);
+        if full {
+            self.slots.changed.notify_one();
+        }
+    }
+
+    /// The connection has work to do; `false` if it was evicted meanwhile.
+    fn busy(&mut self) -> bool {
+        if let Some(seq) = self.waiting.take() {
+            if self.slots.lock().waiting.remove(&seq).is_none() {
+                self.evicted = true;
+            }
+        }
+        !self.evicted
+    }
+
+    /// Resolves when this connection was chosen to make room.
+    async fn evicted(&self) {
+        self.kick.notified().await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.busy() {
+            // Eviction already gave the slot away.
+            return;
+        }
+        self.slots.lock().live -= 1;
+        self.slots.changed.notify_one();
+    }
+}
+
 /// Serve until `shutdown` turns true; then remove the socket file, let requests in progress
 /// finish, and return.
 pub async fn serve(
@@ -99,30 +203,46 @@ pub async fn serve(
     ipam: Ipam,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new();
     let mut conns = JoinSet::new();
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
-            _ = stopped(&mut shutdown) => break,
-        };
-        let sd = shutdown.clone();
-        tokio::select! {
+        let stream = tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    let ipam = ipam.clone();
-                    conns.spawn(async move {
-                        connection(stream, ipam, sd).await;
-                        drop(permit);
-                    });
-                }
+                Ok((stream, _)) => stream,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
             },
             _ = stopped(&mut shutdown) => break,
+        };
+        // Every slot busy (not one waiting for its client): wait for one to free or to start
+        // waiting, which requests do within milliseconds.
+        let mut claimed = slots.claim();
+        while !claimed {
+            let changed = slots.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            claimed = slots.claim();
+            if !claimed {
+                tokio::select! {
+                    _ = changed => claimed = slots.claim(),
+                    _ = stopped(&mut shutdown) => break,
+                }
+            }
         }
+        if !claimed {
+            break;
+        }
+        let slot = Slot {
+            slots: slots.clone(),
+            kick: Arc::new(Notify::new()),
+            waiting: None,
+            evicted: false,
+        };
+        let (ipam, sd) = (ipam.clone(), shutdown.clone());
+        conns.spawn(connection(stream, ipam, sd, slot));
         // Reap finished connections so the set does not grow without bound.
         while conns.try_join_next().is_some() {}
     }
@@ -164,11 +284,17 @@ fn encode_reply(resp: &Response) -> Vec<u8> {
     })
 }
 
-async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receiver<bool>) {
+async fn connection(
+    stream: UnixStream,
+    ipam: Ipam,
+    mut shutdown: watch::Receiver<bool>,
+    mut slot: Slot,
+) {
     let (rd, mut wr) = stream.into_split();
     // Header and body of a request usually arrive together: one read for both.
     let mut rd = BufReader::with_capacity(16 << 10, rd);
     loop {
+        slot.wait();
         let mut header = [0u8; 4];
         tokio::select! {
             r = tokio::time::timeout(HEADER_TIMEOUT, rd.read_exact(&mut header)) => match r {
@@ -180,6 +306,10 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
                     return;
                 }
             },
+            _ = slot.evicted() => {
+                tracing::debug!("connection limit reached; closing the longest-idle connection");
+                return;
+            }
             _ = stopped(&mut shutdown) => return,
         }
         let len = match frame::parse_len(header) {
@@ -196,13 +326,16 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
         };
         // Grow the buffer as bytes arrive rather than trusting the length up front.
         let mut body = Vec::with_capacity(len.min(64 << 10));
-        let read = tokio::time::timeout(
-            BODY_TIMEOUT,
-            (&mut rd).take(len as u64).read_to_end(&mut body),
-        )
-        .await;
+        let mut limited = (&mut rd).take(len as u64);
+        let read = tokio::select! {
+            r = tokio::time::timeout(BODY_TIMEOUT, limited.read_to_end(&mut body)) => r,
+            _ = slot.evicted() => return,
+        };
         if !matches!(read, Ok(Ok(n)) if n == len) {
             tracing::debug!(expected = len, got = body.len(), "truncated frame; closing");
+            return;
+        }
+        if !slot.busy() {
             return;
         }
         let arrived = std::time::Instant::now();
@@ -229,12 +362,15 @@ async fn connection(stream: UnixStream, ipam: Ipam, mut shutdown: watch::Receive
             }
             .into(),
         };
-        let written = tokio::time::timeout(
-            WRITE_TIMEOUT,
-            wr.write_all(&encode_reply(&handled.response)),
-        )
-        .await
-        .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)));
+        // A client that does not take its reply waits like an idle one.
+        slot.wait();
+        let reply = encode_reply(&handled.response);
+        let written = tokio::select! {
+            r = tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&reply)) => {
+                r.unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)))
+            }
+            _ = slot.evicted() => Err(io::Error::other("evicted at the connection limit")),
+        };
         if let Err(e) = written {
             tracing::debug!(error = %e, "client went away or did not read its reply");
             if let Some(lease) = handled.rollback {

@@ -107,3 +107,34 @@ async fn silent_trickling_and_non_reading_clients_are_dropped_within_seconds() {
     allocate(&socket, "after").await;
     d.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_at_the_limit_do_not_lock_out_an_add() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let s1 = socket.clone();
+    let took = tokio::task::spawn_blocking(move || {
+        // More idle connections than the daemon serves at once (1,024).
+        let idle: Vec<UnixStream> = (0..1100)
+            .map(|_| UnixStream::connect(&s1).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let t0 = Instant::now();
+        let mut c = aliasnet_ipam_proto::Client::connect(&s1, Duration::from_secs(5)).unwrap();
+        let r = c.call(&alloc_req("real-add", None));
+        assert!(
+            matches!(r, Ok(aliasnet_ipam_proto::Response::Allocated { .. })),
+            "{r:?}"
+        );
+        drop(idle);
+        t0.elapsed()
+    })
+    .await
+    .unwrap();
+    assert!(
+        took < Duration::from_secs(1),
+        "the ADD waited {took:?} behind idle connections"
+    );
+    d.shutdown().await;
+}
