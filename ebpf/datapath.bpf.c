@@ -225,6 +225,22 @@ static __always_inline __u64 frame_of(__u32 recorded)
 	return recorded ? recorded : AN_MIN_FRAME;
 }
 
+/*
+ * The largest frame TCP is asked to send into a class at `rate` on a device whose frame is
+ * `frame`: AN_SEG_NS of the rate, never below AN_MIN_FRAME nor above the device's frame. On
+ * a jumbo-frame device a slow class then gets segments of a 1500-byte network, so its window
+ * clamp, queue and flow isolation work in the same units there (9014 bytes take 7.2 ms at
+ * 10 Mbit/s; four flows' window floors of two such frames overflow a 25 ms queue).
+ */
+static __always_inline __u64 seg_frame(__u64 rate, __u64 frame)
+{
+	__u64 f = rate / 8 / (NSEC_PER_SEC / AN_SEG_NS);
+
+	if (f < AN_MIN_FRAME)
+		f = AN_MIN_FRAME;
+	return f < frame ? f : frame;
+}
+
 /* Whether the part of the datapath that an_config.flags bit `off` switches off is on. */
 static __always_inline int feature_on(const struct an_config *cfg, __u32 off)
 {
@@ -396,7 +412,8 @@ static __always_inline int pick_sparse(const struct an_config *cfg, struct an_fl
 		return 0;
 	if (!frate)
 		frate = 1;
-	burst = tx_ns(AN_FLOW_BURST_FRAMES * frame, frate);
+	/* In the class's segments: a bulk TCP flow's segments are not sparse for long. */
+	burst = tx_ns(AN_FLOW_BURST_FRAMES * seg_frame(rate, frame), frate);
 	floor = now > burst ? now - burst : 0;
 	t = f->t_sparse;
 	if (t < floor)
@@ -503,19 +520,20 @@ struct an_tcphdr {
 
 #define AN_TCP_SYN 0x02
 #define AN_TCP_ACK 0x10
+#define AN_TCPOPT_MSS 2
 #define AN_TCPOPT_WSCALE 3
 #define AN_TCP_MAX_WSCALE 14
 
 /*
- * The window-scale option of a SYN or SYN-ACK whose TCP header `th` starts at `off`, or -1
- * if it has none. An option the walk does not reach (more than 16 options) counts as absent,
- * which only makes the clamp looser (see clamp_window()).
+ * The offset in the packet of TCP option `kind` of length `len` in the header `th` at `off`,
+ * or 0 if it has none. An option the walk does not reach (more than 16 options) counts as
+ * absent, which only makes the clamps looser.
  */
-static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
-				      const struct an_tcphdr *th)
+static __always_inline __u32 tcp_option(struct __sk_buff *skb, __u32 off,
+					const struct an_tcphdr *th, __u8 kind, __u8 len)
 {
 	__u32 hlen = (th->doff >> 4) * 4, optlen = hlen > 20 ? hlen - 20 : 0, i = 0;
-	__u8 opt[3];
+	__u8 opt[2];
 
 	for (int n = 0; n < 16; n++) {
 		if (i >= optlen || i >= 40)
@@ -526,13 +544,45 @@ static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
 			i++;
 			continue;
 		}
-		if (bpf_skb_load_bytes(skb, off + 20 + i, opt, 3) < 0 || opt[1] < 2)
+		if (bpf_skb_load_bytes(skb, off + 20 + i, opt, 2) < 0 || opt[1] < 2)
 			break;
-		if (opt[0] == AN_TCPOPT_WSCALE && opt[1] == 3)
-			return opt[2] > AN_TCP_MAX_WSCALE ? AN_TCP_MAX_WSCALE : opt[2];
+		if (opt[0] == kind && opt[1] == len && i + len <= optlen)
+			return off + 20 + i;
 		i += opt[1];
 	}
-	return -1;
+	return 0;
+}
+
+/* The window-scale option of a SYN or SYN-ACK, or -1 if it has none. */
+static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
+				      const struct an_tcphdr *th)
+{
+	__u32 at = tcp_option(skb, off, th, AN_TCPOPT_WSCALE, 3);
+	__u8 shift;
+
+	if (!at || bpf_skb_load_bytes(skb, at + 2, &shift, 1) < 0)
+		return -1;
+	return shift > AN_TCP_MAX_WSCALE ? AN_TCP_MAX_WSCALE : shift;
+}
+
+/*
+ * Lowers the MSS option of a SYN or SYN-ACK to what frames of `seg` bytes carry (Ethernet,
+ * IPv4 and TCP headers without options taken off), as MSS clamping to the path MTU does.
+ */
+static __always_inline void clamp_mss(struct __sk_buff *skb, __u32 off,
+				      const struct an_tcphdr *th, __u64 seg)
+{
+	__u32 at = tcp_option(skb, off, th, AN_TCPOPT_MSS, 4);
+	__be16 old, new;
+
+	if (!at || seg <= ETH_HLEN + 40 || bpf_skb_load_bytes(skb, at + 2, &old, 2) < 0)
+		return;
+	if (bpf_ntohs(old) <= seg - ETH_HLEN - 40)
+		return;
+	new = bpf_htons((__u16)(seg - ETH_HLEN - 40));
+	if (bpf_skb_store_bytes(skb, at + 2, &new, sizeof(new), 0) < 0)
+		return;
+	bpf_l4_csum_replace(skb, off + offsetof(struct an_tcphdr, check), old, new, sizeof(new));
 }
 
 /*
@@ -610,6 +660,19 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		};
 
 		ws = tcp_wscale(skb, off, &th);
+		/*
+		 * What each side may send into a shaped class it meets: the remote into the pod's
+		 * ingress limit (the pod's MSS), the pod into the node cap (the remote's MSS).
+		 */
+		if (dir == AN_DIR_EGRESS && ingress_limited) {
+			meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
+			if (meta && meta->ingress_rate)
+				clamp_mss(skb, off, &th,
+					  seg_frame(meta->ingress_rate, frame_of(meta->frame)));
+		} else if (dir == AN_DIR_INGRESS && capped && cfg) {
+			clamp_mss(skb, off, &th,
+				  seg_frame(cfg->node_internet_cap, frame_of(cfg->uplink_frame)));
+		}
 		if (dir == AN_DIR_INGRESS && !(th.flags & AN_TCP_ACK)) {
 			/* The remote's SYN: its scale holds if the pod's SYN-ACK agrees. */
 			n.state = AN_CONN_SYN_RCVD;
@@ -653,7 +716,9 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 				struct an_vqueue *cq = bpf_map_lookup_elem(&an_vqueue, &cap_idx);
 
 				clamp_window(skb, off, &th, c->rtt_ns, c->remote_wscale,
-					     cfg->node_internet_cap, frame_of(cfg->uplink_frame),
+					     cfg->node_internet_cap,
+					     seg_frame(cfg->node_internet_cap,
+						       frame_of(cfg->uplink_frame)),
 					     bulk_flows(cq, now));
 			}
 			return;
@@ -679,7 +744,8 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 	if (!meta || !meta->ingress_rate)
 		return;
 	clamp_window(skb, off, &th, c->rtt_ns, c->wscale, meta->ingress_rate,
-		     frame_of(meta->frame), bulk_flows(q, bpf_ktime_get_ns()));
+		     seg_frame(meta->ingress_rate, frame_of(meta->frame)),
+		     bulk_flows(q, bpf_ktime_get_ns()));
 }
 
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)

@@ -247,8 +247,8 @@ _Static_assert(sizeof(struct an_vqueue) == 48, "an_vqueue size");
  * indexed by a hash of the 5-tuple (addresses and protocol only for fragments). A packet goes
  * to its class's sparse leaf when (1) none of its flow's packets is left in the bulk leaf
  * (by the class's modelled queue, plus AN_FLOW_GUARD_FRAMES, so a flow is never reordered)
- * and (2) the flow is within its sparse budget: a token bucket of AN_FLOW_BURST_FRAMES full
- * frames refilled at rate / AN_FLOW_RATE_DIV. A GSO skb of more than the budget, or a flow
+ * and (2) the flow is within its sparse budget: a token bucket of AN_FLOW_BURST_FRAMES of
+ * the class's segments (see AN_SEG_NS) refilled at rate / AN_FLOW_RATE_DIV. A GSO skb of more than the budget, or a flow
  * faster than the refill, goes to the bulk leaf and stays there while it has a backlog.
  * The sparse leaf is guaranteed rate / AN_SPARSE_RATE_DIV of the class (and may borrow up
  * to all of it); the bulk leaf the rest. Buckets are shared by colliding flows, as in fq_codel.
@@ -284,6 +284,13 @@ _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
  * rate and shared among the flows with a backlog in the cap's class, with the uplink's frame
  * as the unit of the floors.
  */
+/*
+ * A shaped class asks TCP for segments of at most AN_SEG_NS of its rate (never below a
+ * 1500-byte network's, AN_MIN_FRAME): the MSS option of the handshake is lowered to that
+ * (pod ingress limit: the pod's MSS; node cap: the remote's), and the clamp's floors are in
+ * frames of that size. Above ~72 Mbit/s a 9000-byte MTU's segments pass as they are.
+ */
+#define AN_SEG_NS 1000000
 #define AN_MAX_CONNS 65536
 #define AN_WND_QUEUE_NS 16000000
 #define AN_WND_MIN_FRAMES 4

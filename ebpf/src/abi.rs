@@ -47,6 +47,8 @@ pub const POD_INGRESS_LIMIT: u32 = 1;
 
 /// `an_conns`: TCP connections of ingress-limited pods, and the window clamp's sizes.
 pub const MAX_CONNS: u32 = 65536;
+/// Segments TCP is asked for in a shaped class: at most this long at its rate (see the header).
+pub const SEG_NS: u64 = 1_000_000;
 pub const WND_QUEUE_NS: u64 = 16_000_000;
 pub const WND_MIN_FRAMES: u64 = 4;
 pub const WND_MIN_FLOW_FRAMES: u64 = 2;
@@ -529,6 +531,7 @@ mod tests {
             ("AN_CFG_CLAMP_OFF", CFG_CLAMP_OFF.into()),
             ("AN_POD_INGRESS_LIMIT", POD_INGRESS_LIMIT.into()),
             ("AN_MAX_CONNS", MAX_CONNS.into()),
+            ("AN_SEG_NS", SEG_NS),
             ("AN_WND_QUEUE_NS", WND_QUEUE_NS),
             ("AN_WND_MIN_FRAMES", WND_MIN_FRAMES),
             ("AN_WND_MIN_FLOW_FRAMES", WND_MIN_FLOW_FRAMES),

@@ -836,22 +836,23 @@ fn the_queue_model_counts_in_the_devices_frames() {
 }
 
 #[test]
-fn the_window_clamp_floor_is_in_the_pods_frames() {
+fn the_window_clamp_floor_is_in_the_classs_segments() {
     if !require_root() {
         return;
     }
-    // 1 Mbit/s on a 9000-byte MTU: rate x (RTT + 16 ms) is 2 kB, far below one frame; the
-    // floor of WND_MIN_FRAMES frames of 9014 bytes is what the window becomes.
+    // 1 Mbit/s on a 9000-byte MTU: rate x (RTT + 16 ms) is 2 kB, below one segment; the
+    // floor is WND_MIN_FRAMES of the segments the class asks for (1514-byte frames here, see
+    // the MSS test), not of the device's 9014-byte frames, which would overflow its queue.
     let rate = SLOW;
     let mut f = clamping_fixture(rate);
     f.update_meta(|m| m.frame = 9014);
     pod_connects(&f, Some(7), Some(7));
     let c = conn(&mut f).expect("conn");
     assert_eq!(c.state, abi::CONN_ESTABLISHED);
-    let want = clamped_with(rate, &c, 1, 9014);
+    let want = clamped_with(rate, &c, 1, 1514);
     assert_eq!(
         u64::from(want) << c.wscale,
-        (abi::WND_MIN_FRAMES * 9014).next_multiple_of(1 << c.wscale)
+        (abi::WND_MIN_FRAMES * 1514).next_multiple_of(1 << c.wscale)
     );
     let (_, out) = f.run_data(
         programs::HOST_INGRESS,
@@ -1151,6 +1152,11 @@ const REMOTE_PORT: u16 = 443;
 /// A TCP segment with a valid checksum. `ws`: a window-scale option (after MSS, SACK
 /// permitted, timestamps and a NOP, as Linux orders them in a SYN).
 fn tcp_seg(from_pod: bool, flags: u8, window: u16, ws: Option<u8>) -> Vec<u8> {
+    tcp_seg_mss(from_pod, flags, window, ws, 1460)
+}
+
+/// `tcp_seg` with the MSS option (SYNs only) set to `mss`.
+fn tcp_seg_mss(from_pod: bool, flags: u8, window: u16, ws: Option<u8>, mss: u16) -> Vec<u8> {
     let (src, dst, sport, dport) = if from_pod {
         (POD_IP, ip("203.0.113.9"), POD_PORT, REMOTE_PORT)
     } else {
@@ -1158,7 +1164,8 @@ fn tcp_seg(from_pod: bool, flags: u8, window: u16, ws: Option<u8>) -> Vec<u8> {
     };
     let mut opts = Vec::new();
     if flags & SYN != 0 {
-        opts.extend_from_slice(&[2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0]);
+        let m = mss.to_be_bytes();
+        opts.extend_from_slice(&[2, 4, m[0], m[1], 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0]);
         if let Some(s) = ws {
             opts.extend_from_slice(&[1, 3, 3, s]);
         } else {
@@ -1423,6 +1430,78 @@ fn the_node_cap_clamps_the_remote_windows_of_the_pods_internet_connections() {
     // Without a cap nothing is clamped.
     f.update_config(|c| c.node_internet_cap = 0);
     assert_eq!(to_pod(&f, 65535), 65535);
+}
+
+/// The MSS option of a SYN (checking the TCP checksum).
+fn mss_of(pkt: &[u8]) -> u16 {
+    window_of(pkt);
+    let tcp = &pkt[ETH_HLEN + 20..];
+    assert_eq!(&tcp[20..22], &[2, 4], "MSS option first");
+    u16::from_be_bytes([tcp[22], tcp[23]])
+}
+
+#[test]
+fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
+    if !require_root() {
+        return;
+    }
+    // A pod with a 10 Mbit/s ingress limit on a 9000-byte MTU: its SYN's MSS (8960) becomes
+    // a 1500-byte network's, so senders into its class use 1514-byte frames.
+    let mut f = clamping_fixture(10_000_000);
+    f.update_meta(|m| m.frame = 9014);
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg_mss(true, SYN, 64240, Some(7), 8960),
+        None,
+    );
+    assert_eq!(mss_of(&out), 1460);
+    // The window clamp's floor is then in those frames too: 2 x 1514 per flow, not 2 x 9014.
+    f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), 1460),
+        None,
+    );
+    let c = conn(&mut f).expect("conn");
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg(true, ACK, 65535, None),
+        None,
+    );
+    assert_eq!(window_of(&out), clamped_with(10_000_000, &c, 1, 1514));
+    // From ~72 Mbit/s a jumbo segment takes under 1 ms: the pod's MSS passes as it is. A
+    // smaller MSS is never raised.
+    f.update_meta(|m| m.ingress_rate = 100_000_000);
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg_mss(true, SYN, 64240, Some(7), 8960),
+        None,
+    );
+    assert_eq!(mss_of(&out), 8960);
+    f.update_meta(|m| m.ingress_rate = 10_000_000);
+    let (_, out) = f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg_mss(true, SYN, 64240, Some(7), 1200),
+        None,
+    );
+    assert_eq!(mss_of(&out), 1200);
+
+    // The node cap: the remote's MSS in its SYN-ACK to a pod bounds what the pod sends.
+    let mut f = Fixture::with_policy();
+    f.update_config(|c| {
+        c.node_internet_cap = 10_000_000;
+        c.uplink_frame = 9014;
+    });
+    f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg_mss(true, SYN, 64240, Some(7), 8960),
+        None,
+    );
+    let (_, out) = f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), 8960),
+        None,
+    );
+    assert_eq!(mss_of(&out), 1460);
 }
 
 #[test]

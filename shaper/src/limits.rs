@@ -282,6 +282,9 @@ impl DeviceSizes {
 /// (9014 bytes at 1 Mbit/s: 72 ms, against the 25 ms leaf queue) the frame floor wins: the
 /// leaf holds `LEAF_QUEUE_FRAMES` frames and a bulk flow's queueing delay grows with the
 /// frame time; the sparse leaf still serves pings and ACKs first, after at most one frame.
+/// TCP is spared that: the programs lower the handshake's MSS so that a class's segments
+/// take at most `abi::SEG_NS` (never below a 1500-byte network's), and size the window
+/// clamp's floors in those segments.
 ///
 /// The kernel may have no AQM or flow-queueing qdisc (no sch_fq, fq_codel, sfq): the leaves
 /// are drop-tail, and the programs do the rest (see ebpf/include/aliasnet_abi.h; the sizes

@@ -275,11 +275,16 @@ impl Node {
 
     /// Create a pod netns and ADD it.
     pub fn add_pod(&self, name: &str) -> Result<Pod> {
+        self.add_pod_with(name, None)
+    }
+
+    /// ADD with a `runtimeConfig` (bandwidth, pod annotations) as a runtime sends it.
+    pub fn add_pod_with(&self, name: &str, runtime_config: Option<&Value>) -> Result<Pod> {
         let ns = Netns::new(&format!("an{}-n{}-{name}", self.tag, self.index))?;
         let cid = format!("cid-{}-{name}", self.tag);
         let inv = Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
             .args(&Self::k8s_args(name, &cid));
-        let out = self.cni(&inv, &self.plugin_config(None, None));
+        let out = self.cni(&inv, &self.plugin_config(None, runtime_config));
         let result = out
             .expect_ok(&format!("ADD {name}"))
             .context("ADD printed nothing")?;

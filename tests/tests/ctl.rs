@@ -11,10 +11,10 @@ use std::{
 
 use aliasnet_ipam_proto::{AttachmentKey, PodRef, Request, Response};
 use aliasnet_tests::{
-    fabric::{Fabric, FabricOpts, Node, INTERNET_IP},
+    fabric::{vnet_mtu, Fabric, FabricOpts, Node, INTERNET_IP},
     require_root,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// `aliasnetctl` in the node's netns, pointed at this node's socket and pins.
 fn ctl_cmd(node: &Node, args: &[&str]) -> Command {
@@ -571,6 +571,79 @@ fn doctor_finds_broken_state_and_its_fixes_work() {
     assert!(a.ping(b.ip, &[]), "the node forwards again");
     node.del_pod(&a).expect_ok("DEL a");
     node.del_pod(&b).expect_ok("DEL b");
+}
+
+#[test]
+fn doctor_reports_shaping_points_below_a_frame_and_status_shows_the_sizes() {
+    if !require_root() {
+        return;
+    }
+    let f = Fabric::new(FabricOpts {
+        nodes: 1,
+        ..FabricOpts::default()
+    })
+    .expect("fabric");
+    let node = f.node(1);
+    // What containerd sends for `kubernetes.io/ingress-bandwidth: 10M`.
+    let rc = json!({"bandwidth": {"ingressRate": 10_000_000u64, "ingressBurst": 4_294_967_295u64}});
+    let p = node.add_pod_with("s", Some(&rc)).expect("ADD s");
+    let frame = u64::from(vnet_mtu()) + 14;
+
+    let st = ctl_json(node, &["status"], 0);
+    let pod = st["datapath"]["pods"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["pod"] == "s"))
+        .unwrap_or_else(|| panic!("pod s in {st:#}"))
+        .clone();
+    assert_eq!(pod["frame"], frame, "{pod}");
+    assert!(pod["gso_max"].as_u64().unwrap() >= 65_536, "{pod}");
+    let text = stdout(&ctl(node, &["status"]));
+    assert!(text.contains("GSO MAX"), "{text}");
+    assert!(ctl_json(node, &["doctor", "--grace", "0"], 0)["ok"] == true);
+
+    // A tbf bucket below one frame under the pod's ingress class, as a build that sized leaves
+    // for 1500-byte frames left on jumbo-frame nodes: every full-size frame is dropped.
+    let veth = pod["host_veth"].as_str().unwrap().to_owned();
+    let small = (frame * 2 / 3).to_string();
+    node.ns
+        .exec(
+            "tc",
+            &[
+                "qdisc",
+                "replace",
+                "dev",
+                &veth,
+                "parent",
+                "1:3",
+                "handle",
+                "103:",
+                "tbf",
+                "rate",
+                "10200kbit",
+                "burst",
+                &small,
+                "limit",
+                "31250",
+            ],
+        )
+        .expect("tc");
+    let report = ctl_json(node, &["doctor", "--grace", "0"], 1);
+    let found = findings(&report)
+        .into_iter()
+        .find(|f| f["check"] == "shaping_below_frame")
+        .unwrap_or_else(|| panic!("no shaping_below_frame finding in {report:#}"));
+    let problem = found["problem"].as_str().unwrap();
+    assert!(
+        found["subject"].as_str().unwrap().contains(&veth),
+        "{found}"
+    );
+    assert!(problem.contains("tbf bucket"), "{found}");
+    assert!(problem.contains(&format!("{frame}-byte frame")), "{found}");
+    assert!(found["fix"]
+        .as_str()
+        .unwrap()
+        .contains("kubectl delete pod"));
+    node.del_pod(&p).expect_ok("DEL s");
 }
 
 #[test]

@@ -126,6 +126,12 @@ impl Fabric {
         Self::build_with(links, Some(serial))
     }
 
+    /// Holds off the other tests of this binary: for a test that runs several concurrent
+    /// fabrics of its own.
+    pub fn serial() -> MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A fabric that runs beside others (for tests that measure several at once on purpose).
     pub fn concurrent(links: Links) -> Self {
         Self::build_with(links, None)
