@@ -98,28 +98,7 @@ make_image() {
   chroot "$rootfs" /bin/busybox --install -s /bin
   echo 'root:x:0:0:root:/root:/bin/sh' >"$rootfs/etc/passwd"
   echo 'root:x:0:' >"$rootfs/etc/group"
-  tar -C "$rootfs" -cf "$S/layer.tar" .
-  python3 - "$S" "$1" <<'EOF'
-import hashlib, json, os, sys, tarfile
-s, out = sys.argv[1], sys.argv[2]
-layer = os.path.join(s, "layer.tar")
-digest = hashlib.sha256(open(layer, "rb").read()).hexdigest()
-config = {"architecture": "amd64", "os": "linux",
-          "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]},
-          "rootfs": {"type": "layers", "diff_ids": ["sha256:" + digest]}}
-cfg = json.dumps(config).encode()
-cfg_name = hashlib.sha256(cfg).hexdigest() + ".json"
-manifest = [{"Config": cfg_name, "RepoTags": ["localhost/busybox:latest"], "Layers": [digest + "/layer.tar"]}]
-with tarfile.open(out, "w") as t:
-    def add(name, data):
-        import io
-        ti = tarfile.TarInfo(name)
-        ti.size = len(data)
-        t.addfile(ti, io.BytesIO(data))
-    add(cfg_name, cfg)
-    t.add(layer, digest + "/layer.tar")
-    add("manifest.json", json.dumps(manifest).encode())
-EOF
+  docker_archive "$rootfs" "$1" localhost/busybox:latest '["/bin/sh"]'
 }
 
 ctr_teardown() {

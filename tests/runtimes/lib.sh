@@ -33,7 +33,9 @@ defer() { _cleanups+=("$*"); }
 _run_cleanups() {
   local i
   for ((i = ${#_cleanups[@]} - 1; i >= 0; i--)); do
-    eval "${_cleanups[i]}" >/dev/null 2>&1 || true
+    # In a subshell: under `set -u` an unset variable in one cleanup (a test that failed before
+    # setting it) would otherwise end the shell and skip the rest (namespaces, the holder).
+    (eval "${_cleanups[i]}") >/dev/null 2>&1 || true
   done
   _cleanups=()
 }
@@ -84,16 +86,18 @@ in_ns() {
   nsenter --net="/run/netns/$ns" -- "$@"
 }
 
-# make_fabric NODE ROUTER INET POD_RANGE: a node netns whose uplink eth0 (198.51.100.2/24)
+# make_fabric NODE ROUTER INET POD_RANGE [MTU]: a node netns whose uplink eth0 (198.51.100.2/24)
 # goes to a router netns (198.51.100.1 / 203.0.113.1) that routes POD_RANGE back to the node,
-# and an "internet" host netns at 203.0.113.10. TEST-NET addresses only.
+# and an "internet" host netns at 203.0.113.10. TEST-NET addresses only. Every link has MTU
+# (default ALIASNET_TEST_MTU, as in the Rust test fabric, else 9000: the cloud VNets aliasnet
+# targets run jumbo frames, and the plugin gives pods the uplink's MTU).
 make_fabric() {
-  local node=$1 rtr=$2 inet=$3 pods=$4
+  local node=$1 rtr=$2 inet=$3 pods=$4 mtu=${5:-${ALIASNET_TEST_MTU:-9000}}
   new_netns "$node"
   new_netns "$rtr"
   new_netns "$inet"
-  ip -n "$node" link add eth0 type veth peer name to-node netns "$rtr"
-  ip -n "$rtr" link add to-inet type veth peer name eth0 netns "$inet"
+  ip -n "$node" link add eth0 mtu "$mtu" type veth peer name to-node mtu "$mtu" netns "$rtr"
+  ip -n "$rtr" link add to-inet mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$inet"
   ip -n "$node" addr add 198.51.100.2/24 dev eth0
   ip -n "$node" link set eth0 up
   ip -n "$node" route add default via 198.51.100.1
@@ -146,6 +150,33 @@ remove_cgroups() {
     [[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
   done
   return 0
+}
+
+# ---- images without a registry ----
+# docker_archive ROOTFS TAR TAG CMD_JSON: a one-layer docker-archive of directory ROOTFS, tagged
+# TAG, with CMD_JSON (e.g. '["/bin/sh"]') as its command, for `ctr images import`.
+docker_archive() {
+  tar -C "$1" -cf "$2.layer" .
+  python3 - "$2.layer" "$2" "$3" "$4" <<'EOF'
+import hashlib, io, json, sys, tarfile
+layer, out, tag, cmd = sys.argv[1:]
+digest = hashlib.sha256(open(layer, "rb").read()).hexdigest()
+config = {"architecture": "amd64", "os": "linux",
+          "config": {"Cmd": json.loads(cmd), "Env": ["PATH=/bin"]},
+          "rootfs": {"type": "layers", "diff_ids": ["sha256:" + digest]}}
+cfg = json.dumps(config).encode()
+cfg_name = hashlib.sha256(cfg).hexdigest() + ".json"
+manifest = [{"Config": cfg_name, "RepoTags": [tag], "Layers": [digest + "/layer.tar"]}]
+with tarfile.open(out, "w") as t:
+    def add(name, data):
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        t.addfile(ti, io.BytesIO(data))
+    add(cfg_name, cfg)
+    t.add(layer, digest + "/layer.tar")
+    add("manifest.json", json.dumps(manifest).encode())
+EOF
+  rm -f "$2.layer"
 }
 
 # ---- the eBPF datapath ----
