@@ -10,6 +10,7 @@
 //!   can find the veth without a `prevResult` and the daemon can recognise its own interfaces.
 
 pub mod client;
+mod decode;
 pub mod frame;
 pub mod msg;
 pub mod spool;

@@ -22,7 +22,7 @@ use aliasnet_ipam_proto::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
-    sync::{watch, Notify},
+    sync::{watch, Notify, Semaphore},
     task::JoinSet,
 };
 
@@ -40,6 +40,14 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// A reply must be taken by the client within this; one that never reads is dropped (a fresh
 /// allocation it was owed is released again).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Frames up to this size are read without asking the budget below (an Allocate with every
+/// field at its 1,024-byte maximum is under 8 KiB).
+const SMALL_FRAME: usize = 16 << 10;
+/// Bytes of larger frames (a GC listing a node's attachments; anything else is an attack or a
+/// bug) held by all connections together, from their header until their reply: with the
+/// streaming decoder keeping at most a few times the frame's size, this bounds the daemon's
+/// memory for requests to tens of MiB whatever the number of clients.
+const LARGE_FRAME_BUDGET: usize = MAX_FRAME;
 /// How long shutdown waits for requests in progress.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -204,6 +212,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Slots::new();
+    let budget = Arc::new(Semaphore::new(LARGE_FRAME_BUDGET));
     let mut conns = JoinSet::new();
     loop {
         let stream = tokio::select! {
@@ -242,7 +251,7 @@ pub async fn serve(
             evicted: false,
         };
         let (ipam, sd) = (ipam.clone(), shutdown.clone());
-        conns.spawn(connection(stream, ipam, sd, slot));
+        conns.spawn(connection(stream, ipam, sd, slot, budget.clone()));
         // Reap finished connections so the set does not grow without bound.
         while conns.try_join_next().is_some() {}
     }
@@ -289,10 +298,12 @@ async fn connection(
     ipam: Ipam,
     mut shutdown: watch::Receiver<bool>,
     mut slot: Slot,
+    budget: Arc<Semaphore>,
 ) {
     let (rd, mut wr) = stream.into_split();
-    // Header and body of a request usually arrive together: one read for both.
-    let mut rd = BufReader::with_capacity(16 << 10, rd);
+    // Header and body of a request usually arrive together: one read for both. Small, as
+    // every connection has one.
+    let mut rd = BufReader::with_capacity(4 << 10, rd);
     loop {
         slot.wait();
         let mut header = [0u8; 4];
@@ -324,8 +335,33 @@ async fn connection(
                 return;
             }
         };
+        // A large frame waits for its share of the budget (as long as a body may take).
+        let _large = if len > SMALL_FRAME {
+            let permits = u32::try_from(len).expect("MAX_FRAME fits u32");
+            let got = tokio::select! {
+                p = tokio::time::timeout(BODY_TIMEOUT, budget.clone().acquire_many_owned(permits)) => p,
+                _ = slot.evicted() => return,
+            };
+            match got {
+                Ok(Ok(p)) => Some(p),
+                _ => {
+                    let reply = Response::Error {
+                        kind: ErrorKind::Unavailable,
+                        message: format!(
+                            "too many large requests at once ({len}-byte frame); retry"
+                        ),
+                    };
+                    let _ =
+                        tokio::time::timeout(WRITE_TIMEOUT, wr.write_all(&encode_reply(&reply)))
+                            .await;
+                    return;
+                }
+            }
+        } else {
+            None
+        };
         // Grow the buffer as bytes arrive rather than trusting the length up front.
-        let mut body = Vec::with_capacity(len.min(64 << 10));
+        let mut body = Vec::with_capacity(len.min(SMALL_FRAME));
         let mut limited = (&mut rd).take(len as u64);
         let read = tokio::select! {
             r = tokio::time::timeout(BODY_TIMEOUT, limited.read_to_end(&mut body)) => r,
@@ -340,7 +376,9 @@ async fn connection(
         }
         let arrived = std::time::Instant::now();
         let mut is_alloc = false;
-        let handled = match frame::decode::<Request>(&body) {
+        let decoded = frame::decode_request(&body);
+        drop(body);
+        let handled = match decoded {
             Ok(req) => {
                 is_alloc = matches!(req, Request::Allocate { .. });
                 ipam.handle(req).await
