@@ -697,6 +697,15 @@ impl Bench {
         bail!("iperf3 server in {role} did not start");
     }
 
+    /// TCP segments the kernel of namespace `role` has sent so far.
+    fn out_segs(&self, role: &str) -> Result<u64> {
+        let out = self.exec(role, &["nstat", "-az", "--json", "TcpOutSegs"])?;
+        let v: Value = serde_json::from_slice(&out.stdout).context("nstat --json")?;
+        v["kernel"]["TcpOutSegs"]
+            .as_u64()
+            .context("no TcpOutSegs in nstat output")
+    }
+
     /// One iperf3 run from `sender` to `dst` (server in `receiver`), with an optional ping
     /// from the pod to `ping_dst` during the middle of the run.
     #[allow(clippy::too_many_arguments)]
@@ -739,11 +748,15 @@ impl Bench {
         if self.streams > 1 {
             args.extend(["-P", &streams]);
         }
+        // Segments sent come from the sender's kernel: the handshake's MSS can be lowered
+        // (a slow class on a jumbo-frame device), so bytes / MSS would not do.
+        let segs_before = self.out_segs(sender)?;
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns(sender)])
             .args(&args)
             .output()
             .context("iperf3 client")?;
+        let segments = (self.out_segs(sender)? - segs_before) as f64;
         let _ = server.kill();
         let _ = server.wait();
         let ping = match ping {
@@ -763,10 +776,6 @@ impl Bench {
             bail!("iperf3: {e}");
         }
         let end = &v["end"];
-        let mss = v["start"]["tcp_mss_default"]
-            .as_f64()
-            .unwrap_or(f64::from(self.mtu) - 52.0);
-        let sent = end["sum_sent"]["bytes"].as_f64().unwrap_or(0.0);
         Ok(Iperf {
             mbps: end["sum_received"]["bits_per_second"]
                 .as_f64()
@@ -774,7 +783,7 @@ impl Bench {
                 / 1e6,
             seconds: end["sum_received"]["seconds"].as_f64().unwrap_or(0.0),
             retransmits: end["sum_sent"]["retransmits"].as_f64().unwrap_or(0.0),
-            segments: sent / mss,
+            segments,
             cc: end["sender_tcp_congestion"]
                 .as_str()
                 .unwrap_or("")
