@@ -189,11 +189,11 @@ tcp_counters() {
   in_net "$1" cat /proc/net/snmp | awk '$1 == "Tcp:" && $2 ~ /^[0-9]+$/ {print $12, $13}'
 }
 
-# iperf_cell N LABEL FROM TO DST LIMIT MODE: transfer N, a TCP transfer of IPERF_SECS from FROM to an iperf3
-# server in TO on DST; FROM and TO are in_net targets. MODE "limit": goodput must be 90–105 %
-# of LIMIT (bit/s) over the whole run, first second included, no 1-s interval without bytes,
-# retransmitted segments < 1 % of those sent. MODE "unlimited": goodput must be at least 5x
-# LIMIT (traffic the limit must not apply to; the sender paces at 20x LIMIT rather than
+# iperf_cell N LABEL FROM TO DST LIMIT MODE: transfer number N, IPERF_SECS of TCP from FROM to
+# an iperf3 server in TO on DST; FROM and TO are in_net targets. MODE "limit": goodput must be
+# 90–105 % of LIMIT (bit/s) over the whole run, first second included, no 1-s interval without
+# bytes, retransmitted segments < 1 % of those sent. MODE "unlimited": goodput must be at least
+# 5x LIMIT (traffic the limit must not apply to; the sender paces at 20x LIMIT rather than
 # taking both cores for 10 s). Prints one table row; returns 1 on a failed assertion (the
 # caller collects them).
 iperf_cell() {
