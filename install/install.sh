@@ -184,6 +184,13 @@ remove_tree() {
     log "would remove $d (recursively)"
     return 0
   fi
+  if mountpoint -q -- "$d"; then
+    # A volume (the uninstall DaemonSet mounts the host's directories): only its contents
+    # can go.
+    find "$d" -mindepth 1 -delete
+    log "emptied $d"
+    return 0
+  fi
   rm -rf -- "$d"
   log "removed $d"
 }
@@ -209,7 +216,7 @@ do_uninstall() {
     remove_tree "$config_dir"
     remove_tree "$state_dir"
     remove_tree "$log_dir"
-  elif [[ -d $config_dir ]] && ((!dry_run)); then
+  elif [[ -d $config_dir ]] && ((!dry_run)) && ! mountpoint -q -- "$config_dir"; then
     rmdir --ignore-fail-on-non-empty -- "$config_dir"
   fi
   # Interfaces, routes, eBPF pins (/sys/fs/bpf/aliasnet) and a running daemon are left alone:

@@ -11,6 +11,7 @@ pkgs=(
   prometheus                                    # promtool + a real Prometheus for the metrics tests
   podman runc conmon containerd busybox-static catatonit uidmap slirp4netns fuse-overlayfs  # tests/runtimes: real runtimes
   shellcheck inotify-tools strace python3-venv iptables                                      # tests/runtimes: install.sh checks
+  mmdebstrap python3-yaml                       # tests/runtimes/image.sh: the image's base without a registry, the manifests
   python3-grpcio                                # tests/runtimes/cri_client.py: a minimal CRI client (Debian 12 has no crictl)
 )
 missing=()
