@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root: the tests create network namespaces" >&2; exit 1; }
 bash tests/setup.sh
 profile=${ALIASNET_TEST_PROFILE:-ci}
-cargo build --profile "$profile" --workspace --bins
+# --locked: the binaries (and the node image tests/runtimes/image.sh builds from them) come from
+# the committed Cargo.lock.
+cargo build --profile "$profile" --locked --workspace --bins
 export ALIASNET_BIN_DIR="$PWD/target/$profile"
 threads=${TEST_THREADS:-4}
 cargo test --profile "$profile" --workspace -- --test-threads="$threads"
