@@ -54,7 +54,7 @@ struct Delta<'a> {
 }
 
 impl<'a> Delta<'a> {
-    /// Apply every record of one (version-2) log buffer.
+    /// Apply every record of one (version-2 or -3) log buffer.
     fn apply_log(&mut self, path: &Path, buf: &'a [u8]) -> Result<(), StoreError> {
         let mut off = HEADER_LEN;
         while off < buf.len() {
@@ -69,6 +69,11 @@ impl<'a> Delta<'a> {
             };
             let frame = &buf[off..off + FRAME_HEADER + len];
             let payload = &frame[FRAME_HEADER..];
+            if record::peek_batch(frame).is_some() {
+                // Batch markers only group the records that follow (verified at load).
+                off += frame.len();
+                continue;
+            }
             if let Some((addr, key)) = record::peek_alloc(payload) {
                 self.cooling.remove(&addr);
                 self.keys.insert(key, Some((addr, frame)));

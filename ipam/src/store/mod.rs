@@ -261,6 +261,8 @@ pub struct Store {
     /// Generation of the newest durable snapshot (0 when none).
     snapshot_generation: u64,
     compact_min_bytes: u64,
+    /// The batch being written (marker + records), reused.
+    scratch: Vec<u8>,
     #[cfg(test)]
     pub(crate) fail_appends: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
@@ -387,6 +389,14 @@ impl Store {
         }
 
         let (log_path, generation, log_len, log_alloc, log) = match last {
+            Some((_, ext)) if ext.version < record::BATCHED_VERSION => {
+                // A log of an older format is never appended to in the new one: continue in
+                // the next generation (a rotation, as compaction does; it merges both later).
+                let g = *live.last().expect("non-empty") + 1;
+                let path = dir.join(log_name(g));
+                let (f, alloc) = create_log(dir, &path, g)?;
+                (path, g, HEADER_LEN as u64, alloc, f)
+            }
             Some((path, ext)) => {
                 let f = OpenOptions::new()
                     .write(true)
@@ -432,6 +442,7 @@ impl Store {
                 snapshot_len,
                 snapshot_generation: snap_gen,
                 compact_min_bytes: COMPACT_MIN_LOG_BYTES,
+                scratch: Vec::new(),
                 #[cfg(test)]
                 fail_appends: Default::default(),
             },
@@ -454,9 +465,20 @@ impl Store {
         }
     }
 
-    /// Append encoded records and make them durable (write + fdatasync). On failure the bytes
-    /// are zeroed again so a later append never follows unacknowledged data.
-    pub fn append(&mut self, buf: &[u8]) -> Result<(), StoreError> {
+    /// Append encoded records as one batch and make them durable (write + fdatasync). On
+    /// failure the bytes are zeroed again so a later append never follows unacknowledged data.
+    pub fn append(&mut self, records: &[u8]) -> Result<(), StoreError> {
+        let mut batch = std::mem::take(&mut self.scratch);
+        batch.clear();
+        if !records.is_empty() {
+            record::encode_batch(&mut batch, records);
+        }
+        let r = self.append_raw(&batch);
+        self.scratch = batch;
+        r
+    }
+
+    fn append_raw(&mut self, buf: &[u8]) -> Result<(), StoreError> {
         if self.dirty_tail > 0 {
             write_zeros(&self.log, self.log_len, self.dirty_tail)
                 .and_then(|()| self.log.sync_data())
@@ -529,7 +551,7 @@ impl Store {
     pub fn rotate(&mut self) -> Result<u64, StoreError> {
         if self.dirty_tail > 0 {
             // Do not leave unacknowledged bytes behind in a log that is about to be closed.
-            self.append(&[])?;
+            self.append_raw(&[])?;
         }
         let g = self.generation + 1;
         let path = self.dir.join(log_name(g));
@@ -764,6 +786,8 @@ fn valid_record_follows(buf: &[u8]) -> bool {
 pub(crate) struct LogExtent {
     pub used: u64,
     pub file_len: u64,
+    /// Format version of its header (the current one for a log torn at creation).
+    pub version: u32,
 }
 
 /// Whether `rest` (what follows the last record) is a zero tail: `Ok(())`, or `Err(n)` with
@@ -791,14 +815,26 @@ fn replay_log(
     if is_last && (bytes.len() < HEADER_LEN || is_zero(&bytes)) {
         // Torn creation: a log is used only after its header is durable, so a newest log
         // without a whole header never had a record appended.
-        return Ok(LogExtent { used: 0, file_len });
+        return Ok(LogExtent {
+            used: 0,
+            file_len,
+            version: record::FORMAT_VERSION,
+        });
     }
-    let g = record::decode_header(&bytes, LOG_MAGIC).map_err(|d| corrupt(path, d))?;
+    let (g, version) =
+        record::decode_header_version(&bytes, LOG_MAGIC).map_err(|d| corrupt(path, d))?;
     if g != generation {
         return Err(corrupt(
             path,
             format!("header says generation {g}, the file name says {generation}"),
         ));
+    }
+    if version >= record::BATCHED_VERSION {
+        return replay_batches(path, &bytes, is_last, loaded).map(|used| LogExtent {
+            used,
+            file_len,
+            version,
+        });
     }
     let mut off = HEADER_LEN;
     while off < bytes.len() {
@@ -822,6 +858,7 @@ fn replay_log(
                 return Ok(LogExtent {
                     used: off as u64,
                     file_len,
+                    version,
                 })
             }
             Err(n) => n,
@@ -863,12 +900,96 @@ fn replay_log(
         return Ok(LogExtent {
             used: off as u64,
             file_len,
+            version,
         });
     }
     Ok(LogExtent {
         used: bytes.len() as u64,
         file_len,
+        version,
     })
+}
+
+/// Zero `len` bytes of a torn write at `off` of the newest log.
+fn zero_torn(path: &Path, off: usize, len: usize) -> Result<(), StoreError> {
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| {
+            write_zeros(&f, off as u64, len as u64)?;
+            f.sync_data()
+        })
+        .map_err(|source| StoreError::Write {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    tracing::warn!(
+        path = %path.display(),
+        offset = off,
+        bytes = len,
+        "zeroed a torn batch at the end of the log (a group commit cut short by a crash; it was never acknowledged)"
+    );
+    Ok(())
+}
+
+/// Replay a batched (version 3) log; returns how many bytes hold acknowledged batches.
+///
+/// A batch was acknowledged only once it was durable, and the next one is written after that,
+/// so a batch that does not verify is either the last one written (cut short by a crash, its
+/// pages persisted in any order, possibly leaving a zero page before records of the same
+/// batch: zeroed, like a torn tail) or damage to acknowledged data (a verified batch follows
+/// it: refused).
+fn replay_batches(
+    path: &Path,
+    bytes: &[u8],
+    is_last: bool,
+    loaded: &mut Loaded,
+) -> Result<u64, StoreError> {
+    let mut off = HEADER_LEN;
+    while off < bytes.len() {
+        if let Some(end) = record::verified_batch(bytes, off) {
+            let mut r = off + record::BATCH_MARKER_LEN;
+            while r < end {
+                let len = record::check_frame(&bytes[r..end]).map_err(|f| {
+                    corrupt(
+                        path,
+                        format!("record at byte {r} of a verified batch: {f:?}"),
+                    )
+                })?;
+                let n = record::FRAME_HEADER + len;
+                loaded
+                    .apply_payload(&bytes[r + record::FRAME_HEADER..r + n], false)
+                    .map_err(|d| corrupt(path, format!("record at byte {r}: {d}")))?;
+                loaded.replayed += 1;
+                r += n;
+            }
+            off = end;
+            continue;
+        }
+        let garbage = match tail_after(&bytes[off..]) {
+            // The pre-allocated zeros: the end of the batches.
+            Ok(()) => return Ok(off as u64),
+            Err(n) => n,
+        };
+        let later = (off + 1..off + garbage).find(|i| record::verified_batch(bytes, *i).is_some());
+        if !is_last || later.is_some() {
+            return Err(corrupt(
+                path,
+                format!(
+                    "damaged or incomplete batch at byte {off}, followed by {garbage} more bytes{}",
+                    match later {
+                        Some(at) =>
+                            format!(" that contain valid records (a verified batch at byte {at})"),
+                        None => " in a log that is not the newest".to_owned(),
+                    }
+                ),
+            ));
+        }
+        zero_torn(path, off, garbage)?;
+        loaded.truncated = garbage as u64;
+        return Ok(off as u64);
+    }
+    Ok(bytes.len() as u64)
 }
 
 /// Records to append for a batch, in order.
