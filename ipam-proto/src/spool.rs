@@ -8,9 +8,10 @@
 
 use std::{
     fs::{self, File, OpenOptions},
-    io::{self, Write},
-    os::unix::fs::OpenOptionsExt,
+    io::{self, Read, Write},
+    os::unix::fs::{FileTypeExt, OpenOptionsExt},
     path::{Path, PathBuf},
+    time::{Duration, SystemTime},
 };
 
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,11 @@ pub enum SpoolError {
     },
 }
 
+/// Largest spool entry read; a real one is a few hundred bytes.
+pub const MAX_ENTRY_BYTES: u64 = 64 << 10;
+/// A writer's temp file this old was left by a DEL that crashed mid-write.
+pub const STALE_TMP: Duration = Duration::from_secs(600);
+
 fn file_name(key: &AttachmentKey) -> String {
     let mut h = Sha256::new();
     h.update(serde_json::to_vec(key).expect("key serialises"));
@@ -60,19 +66,31 @@ pub fn write(dir: &Path, entry: &SpoolEntry) -> Result<PathBuf, SpoolError> {
         source,
     };
     fs::create_dir_all(dir).map_err(err)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        file_name(&entry.key),
-        std::process::id()
-    ));
     let body = serde_json::to_vec(entry).expect("spool entry serialises");
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(err)?;
+    // A fresh temp file, never one that exists (a leftover, or a link planted in its place):
+    // O_EXCL also refuses to follow a symlink at the name, O_NOFOLLOW says so explicitly.
+    let mut attempt = 0u32;
+    let (tmp, mut f) = loop {
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let tmp = dir.join(format!(
+            ".{}.tmp{}-{nanos}-{attempt}",
+            file_name(&entry.key),
+            std::process::id()
+        ));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 8 => attempt += 1,
+            Err(e) => return Err(err(e)),
+        }
+    };
     f.write_all(&body).map_err(err)?;
     f.sync_all().map_err(err)?;
     drop(f);
@@ -88,8 +106,82 @@ pub struct Spooled {
     pub entry: Result<SpoolEntry, String>,
 }
 
-/// Every complete entry in `dir` (temp files of interrupted writers are skipped). A missing
-/// directory is an empty spool.
+/// Read one entry without ever blocking or following a link: `O_NOFOLLOW` (a symlink, to
+/// `/dev/zero` say, is refused), `O_NONBLOCK` (a FIFO does not wait for a writer), then
+/// `fstat` of what was opened (only a regular file, at most [`MAX_ENTRY_BYTES`]).
+fn read_entry(path: &Path) -> Result<SpoolEntry, String> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "a symbolic link, not a spool entry".to_owned(),
+            _ => format!("cannot open: {e}"),
+        })?;
+    let md = f.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+    let ft = md.file_type();
+    if !ft.is_file() {
+        let kind = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a device"
+        };
+        return Err(format!("{kind}, not a regular file"));
+    }
+    if md.len() > MAX_ENTRY_BYTES {
+        return Err(format!(
+            "{} bytes, over the {MAX_ENTRY_BYTES}-byte limit of a spool entry",
+            md.len()
+        ));
+    }
+    let mut b = Vec::with_capacity(md.len() as usize);
+    f.take(MAX_ENTRY_BYTES + 1)
+        .read_to_end(&mut b)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if b.len() as u64 > MAX_ENTRY_BYTES {
+        return Err(format!(
+            "over the {MAX_ENTRY_BYTES}-byte limit of a spool entry"
+        ));
+    }
+    serde_json::from_slice::<SpoolEntry>(&b).map_err(|e| e.to_string())
+}
+
+/// Remove the writers' temp files older than [`STALE_TMP`] (their DEL crashed mid-write);
+/// returns what was removed.
+pub fn remove_stale_tmp(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for ent in rd.flatten() {
+        let name = ent.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with('.') && name.contains(".tmp")) {
+            continue;
+        }
+        // The entry itself, never what a link points at.
+        let Ok(md) = ent.metadata() else {
+            continue;
+        };
+        let age = md
+            .modified()
+            .ok()
+            .and_then(|m| SystemTime::now().duration_since(m).ok());
+        if !md.is_dir() && age.is_some_and(|a| a > STALE_TMP) && fs::remove_file(ent.path()).is_ok()
+        {
+            removed.push(ent.path());
+        }
+    }
+    removed
+}
+
+/// Every complete entry in `dir` (temp files of interrupted writers are skipped; see
+/// [`remove_stale_tmp`]). A missing directory is an empty spool. Entries that cannot be read as one
+/// (not a regular file, too big, unparsable) come back with the reason, to be moved aside.
 pub fn read_all(dir: &Path) -> Result<Vec<Spooled>, SpoolError> {
     let rd = match fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -113,9 +205,7 @@ pub fn read_all(dir: &Path) -> Result<Vec<Spooled>, SpoolError> {
             continue;
         }
         let path = ent.path();
-        let entry = fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<SpoolEntry>(&b).map_err(|e| e.to_string()));
+        let entry = read_entry(&path);
         out.push(Spooled { path, entry });
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));

@@ -502,8 +502,14 @@ impl Ipam {
         }
     }
 
-    /// Apply every entry of the release spool; returns how many were applied.
+    /// Apply every entry of the release spool; returns how many were applied. Entries that
+    /// are not regular files, too big, unparsable or invalid are moved aside (`<name>.bad`)
+    /// with an error logged, not retried; only a refusal that may pass (storage, shutting
+    /// down) is retried at the next scan.
     pub async fn apply_spool(&self, dir: &Path) -> usize {
+        for p in spool::remove_stale_tmp(dir) {
+            tracing::warn!(path = %p.display(), "removed a release spool temp file left by a DEL that crashed mid-write");
+        }
         let entries = match spool::read_all(dir) {
             Ok(e) => e,
             Err(e) => {
@@ -516,31 +522,22 @@ impl Ipam {
             let entry = match s.entry {
                 Ok(e) => e,
                 Err(why) => {
-                    let mut bad = s.path.clone().into_os_string();
-                    bad.push(".bad");
-                    tracing::error!(
-                        path = %s.path.display(),
-                        error = %why,
-                        moved_to = %Path::new(&bad).display(),
-                        "unparsable release spool entry; moved aside, its key was NOT released"
-                    );
-                    if let Err(e) = std::fs::rename(&s.path, &bad) {
-                        tracing::error!(path = %s.path.display(), error = %e, "cannot move the bad spool entry aside");
-                    }
+                    move_aside(&s.path, &why);
                     continue;
                 }
             };
             if let Some(v) = &entry.host_veth {
                 if let Err(m) = crate::lease::validate_ifname("host_veth", v) {
-                    tracing::error!(path = %s.path.display(), error = %m, "spool entry names an invalid host veth; ignoring the veth");
+                    move_aside(&s.path, &m);
+                    continue;
                 }
             }
-            let veth = entry
-                .host_veth
-                .as_deref()
-                .filter(|v| crate::lease::validate_ifname("host_veth", v).is_ok());
             match self
-                .release(&entry.key, veth, Some(entry.released_at_ms))
+                .release(
+                    &entry.key,
+                    entry.host_veth.as_deref(),
+                    Some(entry.released_at_ms),
+                )
                 .await
             {
                 Ok(address) => {
@@ -555,6 +552,12 @@ impl Ipam {
                     }
                     applied += 1;
                 }
+                Err(Handled {
+                    response: Response::Error { kind, message },
+                    ..
+                }) if !matches!(kind, ErrorKind::Storage | ErrorKind::Unavailable) => {
+                    move_aside(&s.path, &message);
+                }
                 Err(h) => tracing::warn!(
                     path = %s.path.display(),
                     reply = ?h.response,
@@ -563,6 +566,22 @@ impl Ipam {
             }
         }
         applied
+    }
+}
+
+/// Rename a spool entry that can never be applied to `<name>.bad` (rename does not follow or
+/// open it, whatever it is), so it is neither retried forever nor lost.
+fn move_aside(path: &Path, why: &str) {
+    let mut bad = path.to_path_buf().into_os_string();
+    bad.push(".bad");
+    tracing::error!(
+        path = %path.display(),
+        error = %why,
+        moved_to = %Path::new(&bad).display(),
+        "unusable release spool entry; moved aside, its key was NOT released"
+    );
+    if let Err(e) = std::fs::rename(path, &bad) {
+        tracing::error!(path = %path.display(), error = %e, "cannot move the bad spool entry aside");
     }
 }
 
