@@ -324,8 +324,16 @@ static __always_inline struct an_vqueue *vq_of(__u32 idx, __u64 rate)
 /* The HTB burst of a class at `rate` (> 0), in ns: `burst` bytes if set, else the default. */
 static __always_inline __u64 class_credit(__u64 burst, __u64 rate, __u64 frame)
 {
-	return burst ? tx_ns(burst, rate) :
-		       at_least(AN_DEFAULT_BURST_NS, AN_DEFAULT_BURST_FRAMES, frame, rate);
+	__u64 floor, t;
+
+	if (burst)
+		return tx_ns(burst, rate);
+	/* AN_DEFAULT_BURST_FRAMES of the class's segments, and at least one frame. */
+	floor = AN_DEFAULT_BURST_FRAMES * seg_frame(rate, frame);
+	if (floor < frame)
+		floor = frame;
+	t = tx_ns(floor, rate);
+	return t > AN_DEFAULT_BURST_NS ? t : AN_DEFAULT_BURST_NS;
 }
 
 /* The an_flows bucket of a packet's flow (5-tuple hash) within its class. */
@@ -629,7 +637,7 @@ static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
  */
 static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_config *cfg,
 				    __u32 slot, __u32 dir, const struct an_pkt *p,
-				    int ingress_limited, int capped)
+				    int ingress_limited, int capped, __u64 egress_rate, __u64 frame)
 {
 	__u32 off = ETH_HLEN + p->ihl * 4;
 	struct an_conn_key key = {};
@@ -661,18 +669,24 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 
 		ws = tcp_wscale(skb, off, &th);
 		/*
-		 * What each side may send into a shaped class it meets: the remote into the pod's
-		 * ingress limit (the pod's MSS), the pod into the node cap (the remote's MSS).
+		 * What each side may send into the slowest shaped class it meets: the remote into
+		 * the pod's ingress limit (the pod's MSS), the pod into its egress limit or the
+		 * node cap (the remote's MSS).
 		 */
 		if (dir == AN_DIR_EGRESS && ingress_limited) {
 			meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 			if (meta && meta->ingress_rate)
-				clamp_mss(skb, off, &th,
-					  seg_frame(meta->ingress_rate, frame_of(meta->frame)));
-		} else if (dir == AN_DIR_INGRESS && capped && cfg) {
-			clamp_mss(skb, off, &th,
-				  seg_frame(cfg->node_internet_cap, frame_of(cfg->uplink_frame)));
+				clamp_mss(skb, off, &th, seg_frame(meta->ingress_rate, frame));
+		} else if (dir == AN_DIR_INGRESS) {
+			__u64 r = egress_rate;
+
+			if (capped && cfg && (!r || cfg->node_internet_cap < r))
+				r = cfg->node_internet_cap;
+			if (r)
+				clamp_mss(skb, off, &th, seg_frame(r, frame));
 		}
+		if (!ingress_limited && !capped)
+			return;
 		if (dir == AN_DIR_INGRESS && !(th.flags & AN_TCP_ACK)) {
 			/* The remote's SYN: its scale holds if the pod's SYN-ACK agrees. */
 			n.state = AN_CONN_SYN_RCVD;
@@ -695,7 +709,7 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			return;
 		}
 	}
-	if (!(th.flags & AN_TCP_ACK))
+	if (!(th.flags & AN_TCP_ACK) || (!ingress_limited && !capped))
 		return;
 	c = bpf_map_lookup_elem(&an_conns, &key);
 	if (!c)
@@ -744,8 +758,7 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 	if (!meta || !meta->ingress_rate)
 		return;
 	clamp_window(skb, off, &th, c->rtt_ns, c->wscale, meta->ingress_rate,
-		     seg_frame(meta->ingress_rate, frame_of(meta->frame)),
-		     bulk_flows(q, bpf_ktime_get_ns()));
+		     seg_frame(meta->ingress_rate, frame), bulk_flows(q, bpf_ktime_get_ns()));
 }
 
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
@@ -773,12 +786,22 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	 * node cap shapes what the pods send to the internet: those connections are clamped
 	 * too while a cap is set.
 	 */
+	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 	if (p.proto == IPPROTO_TCP && p.ports) {
 		int ingress_limited = pod->flags & AN_POD_INGRESS_LIMIT;
 		int capped = class == AN_CLASS_INTERNET && cfg && cfg->node_internet_cap;
+		/* The pod's egress class for this remote, for the MSS of connections' handshakes. */
+		__u64 erate = 0, irate = 0;
 
-		if (ingress_limited || capped)
-			pod_tcp(skb, cfg, slot, dir, &p, ingress_limited, capped);
+		if (meta && dir == AN_DIR_INGRESS) {
+			erate = meta->egress_rate;
+			irate = class == AN_CLASS_INTERNET ? meta->internet_egress_rate : 0;
+			if (irate && (!erate || irate < erate))
+				erate = irate;
+		}
+		if (ingress_limited || capped || erate)
+			pod_tcp(skb, cfg, slot, dir, &p, ingress_limited, capped, erate,
+				frame_of(meta ? meta->frame : 0));
 	}
 	/*
 	 * Traffic to the pod next meets the HTB class of its ingress limit on this device. Its
@@ -786,7 +809,6 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	 * Without the program's choice HTB's default is the bulk leaf.
 	 */
 	if (dir == AN_DIR_INGRESS) {
-		meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 		if (meta && meta->ingress_rate)
 			shape_remote(skb, cfg, AN_CLASSID_POD_INGRESS,
 				     slot * AN_VQ_PER_POD + AN_VQ_INGRESS, meta->ingress_rate,

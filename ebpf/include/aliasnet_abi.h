@@ -210,7 +210,10 @@ _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES ==
 #define AN_ECN_MARK_FRAMES 2
 /*
  * Shaper sizes, shared with the shaper's Shape so that the model matches the qdiscs.
- * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 frames.
+ * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 of the class's
+ * segments (see AN_SEG_NS) and at least one frame; a burst the pod sets has the same floor.
+ * (A larger floor lets a slow class send for hundreds of ms at line rate after idle: 4
+ * jumbo frames are 288 ms at 1 Mbit/s, which misleads TCP's RTT estimate.)
  * Forwarded traffic (tbf bulk leaf): bucket of 1 ms, at least 2 frames (a GSO aggregate
  * larger than the bucket is segmented, a frame always fits), refilled a little faster than
  * the class (HTB shapes, see the shaper's Shape), and a drop-tail queue of 25 ms at the
@@ -287,8 +290,9 @@ _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
 /*
  * A shaped class asks TCP for segments of at most AN_SEG_NS of its rate (never below a
  * 1500-byte network's, AN_MIN_FRAME): the MSS option of the handshake is lowered to that
- * (pod ingress limit: the pod's MSS; node cap: the remote's), and the clamp's floors are in
- * frames of that size. Above ~72 Mbit/s a 9000-byte MTU's segments pass as they are.
+ * (the pod's MSS for its ingress limit; the remote's for the pod's egress limits and the
+ * node cap), and the clamp's floors and the sparse budget are in frames of that size. Above
+ * ~72 Mbit/s a 9000-byte MTU's segments pass as they are.
  */
 #define AN_SEG_NS 1000000
 #define AN_MAX_CONNS 65536

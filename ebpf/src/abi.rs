@@ -49,6 +49,14 @@ pub const POD_INGRESS_LIMIT: u32 = 1;
 pub const MAX_CONNS: u32 = 65536;
 /// Segments TCP is asked for in a shaped class: at most this long at its rate (see the header).
 pub const SEG_NS: u64 = 1_000_000;
+
+/// The largest frame TCP is asked to send into a class at `rate` bit/s on a device whose
+/// frame is `frame` bytes (what the programs' `seg_frame()` computes).
+pub fn seg_frame(rate: u64, frame: u64) -> u64 {
+    (rate / 8 / (1_000_000_000 / SEG_NS))
+        .max(MIN_FRAME)
+        .min(frame)
+}
 pub const WND_QUEUE_NS: u64 = 16_000_000;
 pub const WND_MIN_FRAMES: u64 = 4;
 pub const WND_MIN_FLOW_FRAMES: u64 = 2;
@@ -94,7 +102,8 @@ pub fn ecn_mark_ns(rate: u64, frame: u64) -> u64 {
     let frames = frames.min(u128::from(u64::MAX)) as u64;
     t.max(ECN_MARK_MIN_NS).max(frames)
 }
-/// HTB class burst when the pod sets none: 10 ms of the rate, at least 4 frames.
+/// HTB class burst when the pod sets none: 10 ms of the rate, at least 4 of the class's
+/// segments ([`seg_frame`]) and one frame.
 pub const DEFAULT_BURST_NS: u64 = 10_000_000;
 pub const DEFAULT_BURST_FRAMES: u64 = 4;
 /// Leaf bucket: 1 ms of the rate, at least 2 frames (a GSO aggregate above it is segmented).

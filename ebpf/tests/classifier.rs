@@ -830,9 +830,12 @@ fn the_queue_model_counts_in_the_devices_frames() {
     }
     .build();
     assert_eq!(jumbo.len(), 3014);
+    // Credit: four of the class's 1514-byte segments (6056 bytes, two of these frames); mark
+    // above two frames. Back to back the first four wait at most two frames, from the sixth
+    // on each waits longer.
     let got = burst(&f, programs::HOST_EGRESS, &jumbo, 12);
-    assert_eq!(&got[..7], &[ECT0; 7], "marked below the threshold: {got:?}");
-    assert_eq!(&got[8..], &[CE; 4], "not marked above it: {got:?}");
+    assert_eq!(&got[..4], &[ECT0; 4], "marked below the threshold: {got:?}");
+    assert_eq!(&got[5..], &[CE; 7], "not marked above it: {got:?}");
 }
 
 #[test]
@@ -1484,6 +1487,26 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
         None,
     );
     assert_eq!(mss_of(&out), 1200);
+
+    // A pod with only an egress limit: the remote's MSS in its SYN-ACK bounds what the pod's
+    // own TCP sends into its egress class; no connection is tracked for it.
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| {
+        m.egress_rate = 10_000_000;
+        m.frame = 9014;
+    });
+    f.run_data(
+        programs::HOST_INGRESS,
+        &tcp_seg_mss(true, SYN, 64240, Some(7), 8960),
+        None,
+    );
+    let (_, out) = f.run_data(
+        programs::HOST_EGRESS,
+        &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), 8960),
+        None,
+    );
+    assert_eq!(mss_of(&out), 1460);
+    assert!(conn(&mut f).is_none(), "nothing to clamp: not tracked");
 
     // The node cap: the remote's MSS in its SYN-ACK to a pod bounds what the pod sends.
     let mut f = Fixture::with_policy();

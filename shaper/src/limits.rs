@@ -344,13 +344,14 @@ fn at_least(bytes_per_sec: u64, ns: u64, frames: u64, frame: u64) -> u64 {
 impl Shape {
     /// A class at `rate` bit/s on a device whose largest frame is `frame` bytes (see
     /// [`DeviceSizes::frame`]). `burst_bits` as given by the runtime: `None`, `0` and
-    /// [`UNSET_BURST`] mean unset. A set burst is kept within [4 frames, 1 s of the rate]
-    /// so that no value can defeat the limit or stall a frame.
+    /// [`UNSET_BURST`] mean unset. A set burst is kept within [4 segments and a frame, 1 s
+    /// of the rate] so that no value can defeat the limit or stall a frame.
     pub fn new(rate: u64, burst_bits: Option<u64>, frame: u64) -> Self {
         // 68: the smallest IPv4 MTU.
         let frame = frame.max(abi::frame_of_mtu(68));
         let bytes_per_sec = (rate / 8).max(1);
-        let floor = abi::DEFAULT_BURST_FRAMES * frame;
+        // A few of the class's segments, and a frame: what the programs' credit assumes.
+        let floor = (abi::DEFAULT_BURST_FRAMES * abi::seg_frame(rate, frame)).max(frame);
         let ceiling = bytes_per_sec.max(floor);
         let burst_bytes = match burst_bits {
             None | Some(0) | Some(UNSET_BURST) => {
@@ -494,7 +495,13 @@ mod tests {
         );
         // A tiny one is raised to a few of the device's frames.
         assert_eq!(Shape::new(rate, Some(8), ETH).burst_bytes, 4 * 1514);
-        assert_eq!(Shape::new(rate, Some(8), JUMBO).burst_bytes, 4 * 9014);
+        // On a jumbo-frame device a slow class's floor is one frame (its TCP segments are a
+        // 1500-byte network's, four of which are less).
+        assert_eq!(Shape::new(rate, Some(8), JUMBO).burst_bytes, 9014);
+        assert_eq!(
+            Shape::new(1_000_000_000, Some(8), JUMBO).burst_bytes,
+            4 * 9014
+        );
         assert_eq!(Shape::new(rate, Some(800_000), ETH).burst_bytes, 100_000);
     }
 
@@ -535,7 +542,7 @@ mod tests {
         let ten = Shape::new(10_000_000, Some(UNSET_BURST), JUMBO);
         assert_eq!(ten.leaf_burst_bytes, 2 * 9014);
         assert_eq!(ten.queue_bytes, 6 * 9014);
-        assert_eq!(ten.burst_bytes, 4 * 9014);
+        assert_eq!(ten.burst_bytes, 12_500);
         assert_eq!(ten.frame, JUMBO);
     }
 
@@ -567,7 +574,11 @@ mod tests {
                     let s = Shape::new(rate, burst, dev.frame());
                     let what = format!("rate {rate} mtu {mtu} burst {burst:?}: {s:?}");
                     assert_eq!(s.frame, dev.frame(), "{what}");
-                    assert!(s.burst_bytes >= 4 * dev.frame(), "{what}");
+                    assert!(s.burst_bytes >= dev.frame(), "{what}");
+                    assert!(
+                        s.burst_bytes >= 4 * abi::seg_frame(rate, dev.frame()).min(dev.frame()),
+                        "{what}"
+                    );
                     assert!(s.leaf_burst_bytes >= 2 * dev.frame(), "{what}");
                     assert!(
                         s.queue_bytes >= s.leaf_burst_bytes + 4 * dev.frame(),
