@@ -200,14 +200,15 @@ iperf_cell() {
   local label=$2 from=$3 to=$4 dst=$5 limit=$6 mode=$7 port=$((5300 + $1)) out=$S/iperf-$1 spid i before after
   local -a pace=()
   [[ $mode == unlimited ]] && pace=(-b $((20 * limit)))
-  in_net "$to" timeout $((IPERF_SECS + 30)) iperf3 -s -1 -J -B "$dst" -p "$port" >"$out.server.json" 2>&1 &
+  in_net "$to" timeout $((IPERF_SECS + 15)) iperf3 -s -1 -J -B "$dst" -p "$port" >"$out.server.json" 2>&1 &
   spid=$!
   for ((i = 0; i < 100; i++)); do
     [[ -n $(in_net "$to" ss -Hltn "sport = :$port") ]] && break
     sleep 0.05
   done
   before=$(tcp_counters "$from")
-  in_net "$from" timeout $((IPERF_SECS + 20)) iperf3 -c "$dst" -p "$port" -t "$IPERF_SECS" -J "${pace[@]}" \
+  # A transfer that stalls (its control connection too) ends 8 s after its time.
+  in_net "$from" timeout $((IPERF_SECS + 8)) iperf3 -c "$dst" -p "$port" -t "$IPERF_SECS" -J "${pace[@]}" \
     --get-server-output --connect-timeout 3000 >"$out.json" 2>"$out.err" || true
   after=$(tcp_counters "$from")
   wait "$spid" 2>/dev/null || true
@@ -221,7 +222,8 @@ except ValueError as e:
     print(f"{label}: no iperf3 report ({e}): {open(path).read()[:300]}")
     sys.exit(1)
 if "error" in j:
-    print(f"{label}: iperf3: {j['error']}")
+    sent = " ".join(f"{iv['sum']['bytes'] * 8 / iv['sum']['seconds'] / 1e6:.1f}" for iv in j.get("intervals", []))
+    print(f"{label}: iperf3: {j['error']} (sender per-second Mbit/s: [{sent}])  FAIL")
     sys.exit(1)
 recv = j["end"]["sum_received"]
 goodput = recv["bytes"] * 8 / recv["seconds"]
