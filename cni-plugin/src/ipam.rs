@@ -100,12 +100,17 @@ pub fn spool_release(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
+    // The boot-time clock lets the daemon order this DEL against later ADDs even if the wall
+    // clock is stepped before it reads the entry.
+    let boot = spool::boot_clock();
     spool::write(
         &conf.spool_dir,
         &spool::SpoolEntry {
             key: key.clone(),
             host_veth,
             released_at_ms: now,
+            boot_ms: boot.as_ref().map(|b| b.1),
+            boot_id: boot.map(|b| b.0),
         },
     )
 }

@@ -27,6 +27,34 @@ pub struct SpoolEntry {
     pub host_veth: Option<String>,
     /// Milliseconds since the Unix epoch when DEL ran.
     pub released_at_ms: u64,
+    /// The kernel's boot id and boot-time clock (ms) when DEL ran: unlike `released_at_ms`,
+    /// immune to wall-clock steps (see [`boot_clock`]). Absent in entries of older plugins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_ms: Option<u64>,
+}
+
+/// The kernel's boot id and `CLOCK_BOOTTIME` in milliseconds: a clock shared by every process
+/// of this boot that wall-clock steps do not move.
+pub fn boot_clock() -> Option<(String, u64)> {
+    static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let id = BOOT_ID
+        .get_or_init(|| {
+            fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+        .clone()?;
+    // SAFETY: timespec is plain data; clock_gettime only writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and a pointer to our timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    let ms = u64::try_from(ts.tv_sec).ok()? * 1000 + u64::try_from(ts.tv_nsec).ok()? / 1_000_000;
+    Some((id, ms))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +260,8 @@ mod tests {
             key: AttachmentKey::new("n", "c1", "eth0"),
             host_veth: Some("ali123".into()),
             released_at_ms: 5,
+            boot_id: boot_clock().map(|b| b.0),
+            boot_ms: Some(7),
         };
         let p1 = write(&spool, &e).unwrap();
         // Repeated DEL of the same key overwrites, not duplicates.

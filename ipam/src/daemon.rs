@@ -10,10 +10,11 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
+    clock::Clock,
     config::Config,
     imds, metrics, reconcile,
     server::{self, stopped, BindError},
-    service::{now_ms, Ipam, Workers},
+    service::{Ipam, Workers},
     state::State,
     store::{Store, StoreError},
     teardown::LinkRemover,
@@ -57,6 +58,15 @@ impl Daemon {
         config: &Config,
         remover: Arc<dyn LinkRemover>,
     ) -> Result<Self, DaemonError> {
+        Self::start_with_clock(config, remover, Arc::new(Clock::system())).await
+    }
+
+    /// [`Daemon::start`] on the given clock (tests inject wall-clock steps).
+    pub async fn start_with_clock(
+        config: &Config,
+        remover: Arc<dyn LinkRemover>,
+        clock: Arc<Clock>,
+    ) -> Result<Self, DaemonError> {
         let started = std::time::Instant::now();
         for w in &config.warnings {
             tracing::warn!("config: {w}");
@@ -67,7 +77,10 @@ impl Daemon {
             .map_err(DaemonError::Loader)??;
         let (replayed, truncated) = (loaded.replayed, loaded.truncated);
         let read_ms = started.elapsed().as_millis() as u64;
-        let (state, report) = State::from_loaded(config, loaded, now_ms());
+        // Persisted times ahead of the wall clock (it went back while the daemon was down):
+        // continue from them, so no cooldown is stretched or cut.
+        clock.not_before(loaded.newest_ms);
+        let (state, report) = State::from_loaded(config, loaded, clock.now_ms());
         tracing::info!(
             state_dir = %config.state_dir.display(),
             leases = report.leases,
@@ -95,7 +108,8 @@ impl Daemon {
                 "lease for an address no configured pool contains; kept (not handed out again) until released"
             );
         }
-        let (ipam, workers) = Ipam::start(state, store, remover).map_err(DaemonError::Thread)?;
+        let (ipam, workers) =
+            Ipam::start_with_clock(state, store, remover, clock).map_err(DaemonError::Thread)?;
         for link in report.teardowns {
             tracing::info!(link = %link, "redoing a host link deletion interrupted by a restart");
             ipam.queue_teardown(link);

@@ -28,11 +28,7 @@ use hyper_util::{
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::{
-    config::ImdsSpec,
-    metrics::RefreshResult,
-    service::{now_ms, Ipam},
-};
+use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam};
 
 /// Largest metadata document accepted (a NIC has at most 256 addresses: a few tens of KiB).
 const MAX_BODY: usize = 1 << 20;
@@ -255,7 +251,7 @@ pub async fn run(
         let (result, delay, err) = match fetcher.fetch(&spec).await {
             Ok(body) => match parse(&body) {
                 Ok(parsed) => {
-                    let now = now_ms();
+                    let now = ipam.now_ms();
                     let change = ipam.with_state(|st| {
                         let c = st.apply_metadata(idx, &parsed.secondary, now);
                         st.set_metadata_status(idx, |m| {
@@ -324,7 +320,9 @@ pub async fn run(
             ),
         };
         ipam.metrics().metadata_refresh(&pool, result);
-        let next = now_ms().saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+        let next = ipam
+            .now_ms()
+            .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
         ipam.with_state(|st| {
             st.set_metadata_status(idx, |m| {
                 m.last_result = Some(result.as_str().to_owned());

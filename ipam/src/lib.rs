@@ -12,6 +12,7 @@
 //!   Prometheus endpoint.
 
 pub mod bitmap;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod imds;

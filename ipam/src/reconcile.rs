@@ -20,10 +20,7 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::{
-    lease::Field,
-    service::{now_ms, Ipam},
-};
+use crate::{lease::Field, service::Ipam};
 
 /// Leases read per lock acquisition (~50 us of work each).
 const PAGE: usize = 1024;
@@ -91,7 +88,7 @@ impl Reconciler {
             candidates.remove(&**p);
         }
 
-        let now = now_ms();
+        let now = self.ipam.now_ms();
         let grace = self.grace_ms;
         let mut missing = HashMap::new();
         let mut stale = Vec::new();

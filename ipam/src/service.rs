@@ -29,6 +29,7 @@ use aliasnet_ipam_proto::{
 use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use crate::{
+    clock::Clock,
     metrics::Metrics,
     state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State},
     store::{self, record::Record, Store},
@@ -46,6 +47,8 @@ const TEARDOWN_ATTEMPTS: u32 = 5;
 /// JSON bytes a lease page may take: the frame limit less room for the envelope.
 const PAGE_BYTES: usize = MAX_FRAME - (256 << 10);
 
+/// The wall clock, in ms since the Unix epoch. Cooldowns and lease times use the daemon's
+/// [`Clock`] instead ([`Ipam::now_ms`]).
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -61,6 +64,7 @@ enum WriterMsg {
 
 struct Shared {
     state: Mutex<State>,
+    clock: Arc<Clock>,
     changed: Notify,
     writer: mpsc::UnboundedSender<WriterMsg>,
     teardown: mpsc::UnboundedSender<Box<str>>,
@@ -121,6 +125,16 @@ impl Ipam {
         store: Store,
         remover: Arc<dyn LinkRemover>,
     ) -> std::io::Result<(Self, Workers)> {
+        Self::start_with_clock(state, store, remover, Arc::new(Clock::system()))
+    }
+
+    /// [`Ipam::start`] on the given clock (tests inject wall-clock steps).
+    pub fn start_with_clock(
+        state: State,
+        store: Store,
+        remover: Arc<dyn LinkRemover>,
+        clock: Arc<Clock>,
+    ) -> std::io::Result<(Self, Workers)> {
         let metrics = Arc::new(Metrics::new(
             &state.pool_names(false),
             &state.pool_names(true),
@@ -130,6 +144,7 @@ impl Ipam {
         let (ttx, trx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
+            clock,
             changed: Notify::new(),
             writer: wtx,
             teardown: ttx,
@@ -143,6 +158,15 @@ impl Ipam {
             .spawn(move || writer_loop(store, &ws, wrx, cooldown_ms))?;
         let teardown = tokio::spawn(teardown_loop(shared.clone(), remover, trx));
         Ok((Self { shared }, Workers { writer, teardown }))
+    }
+
+    /// Now on the daemon's clock (monotonic; see [`crate::clock`]).
+    pub fn now_ms(&self) -> u64 {
+        self.shared.clock.now_ms()
+    }
+
+    pub fn clock(&self) -> &Arc<Clock> {
+        &self.shared.clock
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -183,7 +207,7 @@ impl Ipam {
 
     /// The Prometheus exposition, gauges read now.
     pub fn render_metrics(&self) -> String {
-        let counts = self.shared.lock().counts(now_ms());
+        let counts = self.shared.lock().counts(self.now_ms());
         let orphans = self.with_reconcile_stats(|r| r.last_run_ms.map(|_| r.orphan_veth_count));
         self.shared.metrics.render(&counts, orphans)
     }
@@ -256,7 +280,7 @@ impl Ipam {
                     pool: pool.as_deref(),
                     host_veth: host_veth.as_deref(),
                 };
-                Ok(match st.begin_allocate(r, now_ms())? {
+                Ok(match st.begin_allocate(r, self.now_ms())? {
                     AllocStep::Wait(why) => Err(why),
                     s => Ok(s),
                 })
@@ -343,7 +367,7 @@ impl Ipam {
             }
             Request::Gc { network, valid } => self.gc(network, valid).await,
             Request::Status { pool } => {
-                match self.shared.lock().status(pool.as_deref(), now_ms()) {
+                match self.shared.lock().status(pool.as_deref(), self.now_ms()) {
                     Ok((ready, free, reason)) => Response::Status {
                         ready,
                         free,
@@ -354,7 +378,7 @@ impl Ipam {
                 }
             }
             Request::Stats => {
-                let pools = self.shared.lock().stats(now_ms());
+                let pools = self.shared.lock().stats(self.now_ms());
                 Response::Stats {
                     pools,
                     reconcile: self.with_reconcile_stats(|r| r.clone()),
@@ -394,7 +418,7 @@ impl Ipam {
         let step = self
             .shared
             .lock()
-            .begin_gc(&network, &valid, now_ms(), &gone);
+            .begin_gc(&network, &valid, self.now_ms(), &gone);
         match step {
             Err(r) => error(r.kind, r.message),
             Ok(v) if v.is_empty() => Response::GcDone { released: vec![] }.into(),
@@ -430,7 +454,7 @@ impl Ipam {
     ) -> Result<Option<Ipv4Addr>, Handled> {
         let step = self
             .wait_until(
-                |st| match st.begin_release(key, teardown, not_after, now_ms())? {
+                |st| match st.begin_release(key, teardown, not_after, self.now_ms())? {
                     ReleaseStep::Wait(why) => Ok(Err(why)),
                     s => Ok(Ok(s)),
                 },
@@ -466,7 +490,7 @@ impl Ipam {
         let step = self
             .shared
             .lock()
-            .begin_release_stale(addr, allocated_at_ms, now_ms());
+            .begin_release_stale(addr, allocated_at_ms, self.now_ms());
         match step {
             Some(ReleaseStep::Fresh { record, pool, .. }) => {
                 self.commit(vec![record]).await?;
@@ -536,7 +560,7 @@ impl Ipam {
                 .release(
                     &entry.key,
                     entry.host_veth.as_deref(),
-                    Some(entry.released_at_ms),
+                    Some(self.shared.clock.spooled_at(&entry)),
                 )
                 .await
             {
@@ -604,7 +628,7 @@ fn writer_loop(
     let mut compaction: Compaction = None;
     let mut stopping = false;
     let mut buf = Vec::with_capacity(64 << 10);
-    maybe_compact(&mut store, &mut compaction, cooldown_ms);
+    maybe_compact(&mut store, &mut compaction, cooldown_ms, &shared.clock);
     while !stopping {
         let mut batch = match rx.blocking_recv() {
             Some(WriterMsg::Commit { records, ack }) => vec![(records, ack)],
@@ -625,7 +649,7 @@ fn writer_loop(
             }
         }
         write_batch(&mut store, shared, batch, &mut buf);
-        maybe_compact(&mut store, &mut compaction, cooldown_ms);
+        maybe_compact(&mut store, &mut compaction, cooldown_ms, &shared.clock);
     }
     // Requests still queued behind Stop are written too: nothing queued is dropped unanswered.
     while let Ok(WriterMsg::Commit { records, ack }) = rx.try_recv() {
@@ -706,7 +730,7 @@ fn finish_compaction(
 }
 
 /// Rotate the log and merge a snapshot in the background once enough log has accumulated.
-fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u64) {
+fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u64, clock: &Clock) {
     if let Some((g, h)) = compaction.take() {
         if h.is_finished() {
             finish_compaction(store, g, h);
@@ -727,7 +751,8 @@ fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u6
             return;
         }
     };
-    let job = store.compaction(generation, now_ms(), cooldown_ms);
+    // The daemon's clock: a wall-clock step must not drop cooling entries early.
+    let job = store.compaction(generation, clock.now_ms(), cooldown_ms);
     let h = std::thread::Builder::new()
         .name("ipam-snapshot".into())
         .spawn(move || job.run());

@@ -28,6 +28,8 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
             key: key("a"),
             host_veth: Some("alispoola".into()),
             released_at_ms: now_ms(),
+            boot_id: None,
+            boot_ms: None,
         },
     )
     .unwrap();
@@ -38,6 +40,8 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
             key: key("b"),
             host_veth: Some("alispoolb".into()),
             released_at_ms: before_b,
+            boot_id: None,
+            boot_ms: None,
         },
     )
     .unwrap();
@@ -48,6 +52,8 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
             key: key("unknown"),
             host_veth: None,
             released_at_ms: now_ms(),
+            boot_id: None,
+            boot_ms: None,
         },
     )
     .unwrap();
@@ -89,6 +95,8 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
             key: key("keep"),
             host_veth: None,
             released_at_ms: now_ms(),
+            boot_id: None,
+            boot_ms: None,
         },
     )
     .unwrap();
@@ -150,6 +158,8 @@ fn hostile_spool_entries_are_moved_aside_without_blocking_start() {
                     key: key("a"),
                     host_veth: None,
                     released_at_ms: now_ms() + 1,
+                    boot_id: None,
+                    boot_ms: None,
                 },
             )
             .unwrap();

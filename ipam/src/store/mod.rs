@@ -111,6 +111,9 @@ pub struct Loaded {
     pub replayed: u64,
     /// Bytes of a torn tail that were zeroed out.
     pub truncated: u64,
+    /// The latest allocation or release time recorded (the daemon's clock never reads
+    /// earlier after a restart).
+    pub newest_ms: u64,
 }
 
 impl Loaded {
@@ -139,6 +142,7 @@ impl Loaded {
         allocated_at_ms: u64,
     ) -> Result<(), String> {
         let pool_name = self.intern(pool)?;
+        self.newest_ms = self.newest_ms.max(allocated_at_ms);
         let entry = LeaseEntry {
             data,
             allocated_at_ms,
@@ -213,9 +217,11 @@ impl Loaded {
                         ))
                     }
                 }
+                self.newest_ms = self.newest_ms.max(r.released_at_ms);
                 self.cooling.insert(r.addr, (r.released_at_ms, r.teardown));
             }
             Record::Cooling(c) if in_snapshot => {
+                self.newest_ms = self.newest_ms.max(c.released_at_ms);
                 if self.leases.by_addr(c.addr).is_some()
                     || self
                         .cooling
