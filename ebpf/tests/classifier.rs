@@ -1495,17 +1495,7 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
         m.egress_rate = 10_000_000;
         m.frame = 9014;
     });
-    f.run_data(
-        programs::HOST_INGRESS,
-        &tcp_seg_mss(true, SYN, 64240, Some(7), 8960),
-        None,
-    );
-    let (_, out) = f.run_data(
-        programs::HOST_EGRESS,
-        &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), 8960),
-        None,
-    );
-    assert_eq!(mss_of(&out), 1460);
+    assert_eq!(remote_mss_after_handshake(&f, 8960), 1460);
     assert!(conn(&mut f).is_none(), "nothing to clamp: not tracked");
 
     // The node cap: the remote's MSS in its SYN-ACK to a pod bounds what the pod sends.
@@ -1514,6 +1504,12 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
         c.node_internet_cap = 10_000_000;
         c.uplink_frame = 9014;
     });
+    assert_eq!(remote_mss_after_handshake(&f, 8960), 1460);
+}
+
+/// The pod connects (MSS 8960); returns the MSS of the server's SYN-ACK (`mss`) as it
+/// reaches the pod.
+fn remote_mss_after_handshake(f: &Fixture, mss: u16) -> u16 {
     f.run_data(
         programs::HOST_INGRESS,
         &tcp_seg_mss(true, SYN, 64240, Some(7), 8960),
@@ -1521,10 +1517,10 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
     );
     let (_, out) = f.run_data(
         programs::HOST_EGRESS,
-        &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), 8960),
+        &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), mss),
         None,
     );
-    assert_eq!(mss_of(&out), 1460);
+    mss_of(&out)
 }
 
 #[test]

@@ -511,6 +511,19 @@ impl Fabric {
             / 1e6
     }
 
+    /// A one-shot iperf3 server in `role` on `addr`, on a port of its own.
+    fn iperf_server(&self, role: &str, addr: &str) -> (String, Child) {
+        let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
+        let server = Command::new("ip")
+            .args(["netns", "exec", &self.ns(role)])
+            .args(["iperf3", "-s", "-1", "-B", addr, "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("iperf3 server");
+        (port, server)
+    }
+
     /// A `secs` TCP transfer to `receiver` from a server in `sender` on `addr`, measured by
     /// the receiver (iperf3 client with -R); returns the client's JSON report, which carries
     /// the sender's retransmits too.
@@ -521,14 +534,7 @@ impl Fabric {
         addr: &str,
         secs: u32,
     ) -> serde_json::Value {
-        let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &self.ns(sender)])
-            .args(["iperf3", "-s", "-1", "-B", addr, "-p", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("iperf3 server");
+        let (port, mut server) = self.iperf_server(sender, addr);
         // The client retries until the server listens.
         let t = secs.to_string();
         let args = ["iperf3", "-J", "-R", "-c", addr, "-p", &port, "-t", &t];
@@ -569,14 +575,7 @@ impl Fabric {
         cc: Option<&str>,
         ping_dst: &str,
     ) -> (serde_json::Value, String) {
-        let port = (5201 + COUNTER.fetch_add(1, Ordering::SeqCst) % 1000).to_string();
-        let mut server = Command::new("ip")
-            .args(["netns", "exec", &self.ns(receiver)])
-            .args(["iperf3", "-s", "-1", "-B", dst, "-p", &port])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("iperf3 server");
+        let (port, mut server) = self.iperf_server(receiver, dst);
         std::thread::sleep(Duration::from_millis(300));
         let ping_ns = self.ns("pod");
         let ping_dst = ping_dst.to_owned();
