@@ -30,7 +30,7 @@ enum Op {
     Gc,
     Status,
     Stats,
-    RecordOp,
+    Record,
 }
 
 const OPS: &[&str] = &[
@@ -72,7 +72,7 @@ impl Visitor<'_> for OpVisitor {
             "gc" => Ok(Op::Gc),
             "status" => Ok(Op::Status),
             "stats" => Ok(Op::Stats),
-            "record_op" => Ok(Op::RecordOp),
+            "record_op" => Ok(Op::Record),
             other => Err(other.chars().take(64).collect()),
         })
     }
@@ -232,7 +232,7 @@ pub(crate) fn request(b: &[u8]) -> Result<Request, FrameError> {
             pool: body::<StatusBody>(b)?.pool,
         },
         Op::Stats => Request::Stats,
-        Op::RecordOp => {
+        Op::Record => {
             let r: RecordOpBody = body(b)?;
             Request::RecordOp {
                 verb: r.verb,
