@@ -22,5 +22,8 @@ export ALIASNET_TEST_MTU=1500
 cargo test --profile "$profile" -p aliasnet-shaper --test shaping --test attach -- --test-threads="$threads"
 cargo test --profile "$profile" -p aliasnet-tests --test datapath --test foundation -- --test-threads="$threads"
 unset ALIASNET_TEST_MTU
-# Real runtimes (podman, containerd), install.sh and manifests; ends with "runtimes: N passed, N failed".
+# Real runtimes (podman, containerd, containerd's CRI plugin at both MTUs), install.sh, the
+# manifests and the node image; podman and ctr again on 1500-byte nodes. Each run ends with
+# "runtimes: N passed, N failed, N skipped".
 bash tests/runtimes/run.sh
+ALIASNET_TEST_MTU=1500 bash tests/runtimes/run.sh podman containerd

@@ -284,8 +284,10 @@ fn htb_class_options(c: &HtbClass) -> Vec<u8> {
     let rate = (c.rate.rate / 8).max(1);
     let ceil = (c.ceil.rate / 8).max(1);
     // The DRR quantum used when siblings borrow: ~1/10 s of rate within HTB's sane range
-    // (setting it avoids the kernel's "quantum is big/small" warnings).
-    let quantum = (rate / 10).clamp(1600, 200_000) as u32;
+    // (setting it avoids the kernel's "quantum is big/small" warnings), and at least one of
+    // the device's frames, so that a class sends a full-size frame in one round.
+    let frame = c.ceil.frame.max(c.rate.frame);
+    let quantum = (rate / 10).clamp(1600.max(frame), 200_000.max(frame)) as u32;
     let mut parms = Vec::with_capacity(44);
     parms.extend_from_slice(&ratespec(rate));
     parms.extend_from_slice(&ratespec(ceil));
@@ -754,6 +756,15 @@ mod tests {
             125_000
         );
         assert_eq!(u32::from_ne_bytes(parms[40..44].try_into().unwrap()), 1);
+
+        // A slow class's DRR quantum holds one of its device's frames.
+        let slow = Shape::new(100_000, None, 9014);
+        let o = htb_class_options(&HtbClass {
+            rate: slow,
+            ceil: slow,
+            ..c
+        });
+        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 9014);
 
         // Above 34 Gbit/s the rates need the 64-bit attributes.
         let fast = HtbClass {
