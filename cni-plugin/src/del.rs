@@ -4,7 +4,8 @@
 //!
 //! * `asyncTeardown` (default): one daemon round trip, `Release` with `teardown_link`; the
 //!   daemon deletes the veth after replying, so the kernel's ~20 ms of RCU waits in veth
-//!   unregistration stay off the runtime's critical path.
+//!   unregistration stay off the runtime's critical path. The daemon deletes only the veth
+//!   recorded for a lease it holds: when the key held nothing, the veth is deleted here.
 //! * Daemon unreachable: delete the veth here and spool the release on disk; success.
 //! * `asyncTeardown: false`: delete the veth here, then `Release`.
 
@@ -34,7 +35,16 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
             teardown_link: Some(veth.clone()),
         };
         match ipam::call(conf, &req) {
-            Ok(resp) => released(&key, resp),
+            Ok(resp) => {
+                if released(&key, resp)?.is_none() {
+                    // The daemon deletes only the veth of a lease it holds; without one the
+                    // veth (if any) is ours to remove.
+                    if let Err(e) = delete_veth(&veth) {
+                        tracing::warn!("{e}");
+                    }
+                }
+                Ok(())
+            }
             Err(e) if ipam::is_down(&e) => daemon_down(conf, &key, &veth, &e),
             Err(e) => {
                 // The daemon is up but refused: still take the pod off the network, then
@@ -50,21 +60,22 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
             teardown_link: None,
         };
         match ipam::call(conf, &req) {
-            Ok(resp) => released(&key, resp),
+            Ok(resp) => released(&key, resp).map(|_| ()),
             Err(e) if ipam::is_down(&e) => spool(conf, &key, None, &e),
             Err(e) => Err(ipam::to_cni(&e).into()),
         }
     }
 }
 
-fn released(key: &AttachmentKey, resp: Response) -> Result<()> {
+/// The address the daemon released, if the key held one.
+fn released(key: &AttachmentKey, resp: Response) -> Result<Option<std::net::Ipv4Addr>> {
     match resp {
         Response::Released { address } => {
             match address {
                 Some(a) => tracing::info!(%key, %a, "released"),
-                None => tracing::info!(%key, "nothing held; DEL is a no-op"),
+                None => tracing::info!(%key, "nothing held"),
             }
-            Ok(())
+            Ok(address)
         }
         other => Err(ipam::unexpected("RELEASE", &other).into()),
     }

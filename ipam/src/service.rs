@@ -802,6 +802,15 @@ async fn remove_with_retries(remover: &dyn LinkRemover, link: &str) {
                 return;
             }
             Ok(Removed::NotFound) => return,
+            Ok(Removed::NotVeth(kind)) => {
+                tracing::error!(
+                    link,
+                    kind,
+                    "not deleting the host link: it is not a veth (a link of another kind was \
+                     given the name of a pod's host veth)"
+                );
+                return;
+            }
             Err(e) if attempt == TEARDOWN_ATTEMPTS => {
                 tracing::error!(
                     link,

@@ -37,6 +37,7 @@ use crate::{
         encode_data, encode_key, validate_ifname, validate_key, validate_pod, LeaseEntry,
         LeaseState, LeaseTable,
     },
+    reconcile::is_ours,
     store::{
         record::{AllocRec, CoolRec, Record, ReleaseRec},
         Loaded, SnapshotWriter,
@@ -480,7 +481,9 @@ impl State {
         let mut holds = Vec::new();
         for (addr, at, link) in cooling {
             // A link a live lease uses again was already deleted and re-created: keep it.
-            let link = link.filter(|l| !live_veths.contains(&**l));
+            // A name that is not ours (written by an older daemon that deleted whatever a
+            // request named) is never deleted.
+            let link = link.filter(|l| !live_veths.contains(&**l) && is_ours(l, &st.veth_prefix));
             // A clock that went backwards must not stretch the cooldown without bound.
             let at = at.min(now_ms);
             match st.locate(addr) {
@@ -634,6 +637,16 @@ impl State {
         validate_pod(req.pod).map_err(Refusal::bad)?;
         if let Some(v) = req.host_veth {
             validate_ifname("host_veth", v).map_err(Refusal::bad)?;
+            // The only link this lease may ever have deleted: the plugin's name for the key.
+            let own = host_veth_name(&self.veth_prefix, req.key);
+            if v != own {
+                return Err(Refusal::bad(format!(
+                    "host_veth {v} is not the host veth of {} (expected {own}: host_veth_prefix \
+                     \"{}\" + a hash of the key; do the plugin's hostVethPrefix and the daemon's \
+                     host_veth_prefix match?)",
+                    req.key, self.veth_prefix
+                )));
+            }
         }
         let eligible = self.eligible(req.pool)?;
         let key = encode_key(req.key);
@@ -788,12 +801,36 @@ impl State {
             // naming its veth is about it, whenever it was spooled.
             None => self.recovered_for(key, teardown),
         };
+        // No lease, no link deleted: the name alone proves nothing about whose link it is.
         let Some(id) = found else {
-            return Ok(ReleaseStep::NotFound {
-                teardown: teardown.and_then(|l| self.queue_unowned_teardown(l)),
-            });
+            return Ok(ReleaseStep::NotFound { teardown: None });
         };
+        if let Some(l) = teardown {
+            if !self.link_is_leases(id, l) {
+                return Err(Refusal::bad(format!(
+                    "teardown_link {l} is not the host veth recorded for {key}'s lease{}; \
+                     nothing was released or deleted",
+                    match self.leases.get(id).host_veth() {
+                        Some(v) => format!(" ({v})"),
+                        None => String::new(),
+                    }
+                )));
+            }
+        }
         self.release_id(id, teardown, released_at_ms, key)
+    }
+
+    /// Whether `link` is lease `id`'s own host veth: named like ours, and the one recorded for
+    /// it (or, for a lease recorded without one, the name its key hashes to).
+    fn link_is_leases(&self, id: u32, link: &str) -> bool {
+        if !is_ours(link, &self.veth_prefix) {
+            return false;
+        }
+        let e = self.leases.get(id);
+        match e.host_veth() {
+            Some(v) => v == link,
+            None => host_veth_name(&self.veth_prefix, &e.attachment_key()) == link,
+        }
     }
 
     fn release_id(
@@ -810,9 +847,10 @@ impl State {
         }
         e.state = LeaseState::PendingRelease;
         // A recovered lease's own veth is the link to delete when the caller names none.
+        let prefix = &self.veth_prefix;
         let teardown = teardown.map(Box::<str>::from).or_else(|| {
             e.network_is(RECOVERED_NETWORK)
-                .then(|| e.host_veth().map(Into::into))
+                .then(|| e.host_veth().filter(|v| is_ours(v, prefix)).map(Into::into))
                 .flatten()
         });
         Ok(ReleaseStep::Fresh {
@@ -842,15 +880,6 @@ impl State {
         }
         let key = e.attachment_key();
         self.release_id(id, None, now_ms, &key).ok()
-    }
-
-    /// Register a link with no lease behind it for deletion; `Some` if newly queued.
-    fn queue_unowned_teardown(&mut self, link: &str) -> Option<Box<str>> {
-        if self.teardowns.contains_key(link) {
-            return None;
-        }
-        self.teardowns.insert(link.into(), Vec::new());
-        Some(link.into())
     }
 
     /// Start releasing every committed lease of `network` not in `valid`. Their host veths
@@ -910,7 +939,10 @@ impl State {
                 key: e.key().into(),
                 addr: e.addr,
                 released_at_ms: now_ms,
-                teardown: e.host_veth().map(Into::into),
+                teardown: e
+                    .host_veth()
+                    .filter(|v| is_ours(v, &self.veth_prefix))
+                    .map(Into::into),
             });
             out.push((record, lease));
         }
@@ -1575,23 +1607,23 @@ mod tests {
     fn held_address_waits_for_teardown() {
         let mut st = State::new(&config("ips=[\"10.0.0.1\"]", "cooldown=\"0s\""));
         let k = key("a");
+        let old = host_veth_name("ali", &k);
         let pod = PodRef::default();
         let req = AllocRequest {
             key: &k,
             pod: &pod,
             pool: None,
-            host_veth: Some("aliold"),
+            host_veth: Some(&old),
         };
         let AllocStep::Fresh { record, .. } = st.begin_allocate(req, 0).unwrap() else {
             panic!()
         };
         st.commit(&record);
-        let ReleaseStep::Fresh { record, .. } =
-            st.begin_release(&k, Some("aliold"), None, 1).unwrap()
+        let ReleaseStep::Fresh { record, .. } = st.begin_release(&k, Some(&old), None, 1).unwrap()
         else {
             panic!()
         };
-        assert_eq!(st.commit(&record).as_deref(), Some("aliold"));
+        assert_eq!(st.commit(&record).as_deref(), Some(old.as_str()));
         // The same veth name waits; so does anyone needing the held address.
         assert!(matches!(
             st.begin_allocate(req, 2).unwrap(),
@@ -1608,7 +1640,7 @@ mod tests {
             AllocStep::Wait(_)
         ));
         let snap_has_teardown = st.snapshot(1);
-        st.teardown_done("aliold");
+        st.teardown_done(&old);
         st.check_invariants();
         assert!(matches!(
             st.begin_allocate(req2, 3).unwrap(),

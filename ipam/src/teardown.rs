@@ -7,7 +7,7 @@
 use std::{future::Future, pin::Pin};
 
 use futures::TryStreamExt;
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_route::link::LinkAttribute;
 
 /// Outcome of one deletion attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,8 @@ pub enum Removed {
     Deleted,
     /// There was no such link (already gone): fine.
     NotFound,
+    /// The link is not a veth (a bridge or dummy given our name): left alone.
+    NotVeth(String),
 }
 
 pub type RemoveFuture<'a> = Pin<Box<dyn Future<Output = Result<Removed, String>> + Send + 'a>>;
@@ -72,10 +74,33 @@ impl LinkRemover for NetlinkRemover {
 
     fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a> {
         Box::pin(async move {
-            // RTM_DELLINK by name: one round trip, no index lookup race.
-            let mut msg = LinkMessage::default();
-            msg.attributes.push(LinkAttribute::IfName(name.to_owned()));
-            match self.handle.link().del_with_message(msg).execute().await {
+            // Only a veth is ever deleted: look the link up, check its kind, then delete that
+            // very link by index (off the request path, so the extra round trip costs no pod
+            // anything).
+            use netlink_packet_route::link::LinkInfo as NlInfo;
+            let mut s = self
+                .handle
+                .link()
+                .get()
+                .match_name(name.to_owned())
+                .execute();
+            let msg = match s.try_next().await {
+                Ok(Some(m)) => m,
+                Ok(None) => return Ok(Removed::NotFound),
+                Err(e) if errno(&e) == Some(libc::ENODEV) => return Ok(Removed::NotFound),
+                Err(e) => return Err(e.to_string()),
+            };
+            let kind = msg.attributes.iter().find_map(|a| match a {
+                LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+                    NlInfo::Kind(k) => Some(k.to_string()),
+                    _ => None,
+                }),
+                _ => None,
+            });
+            if kind.as_deref() != Some("veth") {
+                return Ok(Removed::NotVeth(kind.unwrap_or_else(|| "no kind".into())));
+            }
+            match self.handle.link().del(msg.header.index).execute().await {
                 Ok(()) => Ok(Removed::Deleted),
                 Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(Removed::NotFound),
                 Err(e) => Err(e.to_string()),

@@ -6,15 +6,25 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use aliasnet_ipam::teardown::{link_exists, NetlinkRemover};
-use aliasnet_ipam_proto::{Attachment, Request, Response};
+use aliasnet_ipam_proto::{host_veth_name, Attachment, ClientError, ErrorKind, Request, Response};
 use common::*;
 use nix::sched::CloneFlags;
-use rtnetlink::LinkVeth;
+use rtnetlink::{LinkBridge, LinkVeth};
+
+/// The plugin's host veth name for container `c`.
+fn v(c: &str) -> String {
+    host_veth_name("ali", &key(c))
+}
+
+/// The peer of host veth `name` (15 characters at most, like every link name).
+fn peer(name: &str) -> String {
+    format!("pe{}", &name[name.len().saturating_sub(12)..])
+}
 
 async fn add_veth(handle: &rtnetlink::Handle, name: &str) {
     handle
         .link()
-        .add(LinkVeth::new(name, &format!("{name}p")).build())
+        .add(LinkVeth::new(name, &peer(name)).build())
         .execute()
         .await
         .unwrap_or_else(|e| panic!("creating veth {name}: {e}"));
@@ -24,22 +34,21 @@ async fn add_veth(handle: &rtnetlink::Handle, name: &str) {
 async fn scenario() {
     let remover = Arc::new(NetlinkRemover::new().expect("netlink socket"));
     let handle = remover.handle().clone();
-    add_veth(&handle, "alitdown0").await;
+    let (old, gc0) = (v("old"), v("gc1"));
+    add_veth(&handle, &old).await;
 
     // One address, no cooldown: only the teardown stands between release and reuse.
     let env = Env::new("cooldown = \"0s\"", "ips = [\"10.240.0.7\"]");
     let d = env.start(remover.clone()).await;
     let socket = env.socket();
 
-    let r = call(&socket, alloc_req("old", Some("alitdown0")))
-        .await
-        .unwrap();
+    let r = call(&socket, alloc_req("old", Some(&old))).await.unwrap();
     assert!(matches!(r, Response::Allocated { .. }), "{r:?}");
     let r = call(
         &socket,
         Request::Release {
             key: key("old"),
-            teardown_link: Some("alitdown0".into()),
+            teardown_link: Some(old.clone()),
         },
     )
     .await
@@ -52,11 +61,11 @@ async fn scenario() {
     let new = allocate(&socket, "new").await;
     assert_eq!(new.address.to_string(), "10.240.0.7");
     assert!(
-        !link_exists(&handle, "alitdown0").await.unwrap(),
+        !link_exists(&handle, &old).await.unwrap(),
         "address reused while its old veth still existed"
     );
     assert!(
-        !link_exists(&handle, "alitdown0p").await.unwrap(),
+        !link_exists(&handle, &peer(&old)).await.unwrap(),
         "peer gone too"
     );
 
@@ -65,7 +74,7 @@ async fn scenario() {
         &socket,
         Request::Release {
             key: key("new"),
-            teardown_link: Some("alinothere".into()),
+            teardown_link: Some(v("new")),
         },
     )
     .await
@@ -76,10 +85,8 @@ async fn scenario() {
     );
 
     // GC tears down the host veth of what it releases.
-    add_veth(&handle, "aligc0").await;
-    let r = call(&socket, alloc_req("gc1", Some("aligc0")))
-        .await
-        .unwrap();
+    add_veth(&handle, &gc0).await;
+    let r = call(&socket, alloc_req("gc1", Some(&gc0))).await.unwrap();
     assert!(matches!(r, Response::Allocated { .. }), "{r:?}");
     let r = call(
         &socket,
@@ -95,9 +102,175 @@ async fn scenario() {
         "{r:?}"
     );
     allocate(&socket, "after").await;
-    assert!(!link_exists(&handle, "aligc0").await.unwrap());
+    assert!(!link_exists(&handle, &gc0).await.unwrap());
 
     d.shutdown().await;
+}
+
+async fn add(handle: &rtnetlink::Handle, msg: netlink_packet_route::link::LinkMessage) {
+    handle.link().add(msg).execute().await.unwrap();
+}
+
+fn refused(r: Result<Response, ClientError>, what: &str) -> String {
+    match r {
+        Err(ClientError::Refused {
+            kind: ErrorKind::BadRequest,
+            message,
+        }) => message,
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+/// Only ever our own links: a veth, named with the prefix, recorded for the lease's key. A
+/// request naming another pod's veth, eth0, a bridge or kube-ipvs0 is refused and changes
+/// nothing; a Release of a key without a lease deletes nothing; a non-veth link carrying a
+/// lease's own name is released but kept.
+async fn attacks() {
+    let remover = Arc::new(NetlinkRemover::new().expect("netlink socket"));
+    let handle = remover.handle().clone();
+    for c in ["mine", "other", "nolease"] {
+        add_veth(&handle, &v(c)).await;
+    }
+    add(&handle, LinkBridge::new("eth0").build()).await;
+    add(&handle, LinkBridge::new("kube-ipvs0").build()).await;
+    add(&handle, LinkBridge::new("cni0").build()).await;
+    // Links of other kinds that were given a pod's veth name.
+    add(&handle, LinkBridge::new(&v("bridged")).build()).await;
+    add(&handle, LinkBridge::new(&v("gcd")).build()).await;
+    let foreign = [
+        "eth0".to_owned(),
+        "kube-ipvs0".into(),
+        "cni0".into(),
+        v("other"),
+    ];
+
+    let env = Env::new(
+        "cooldown = \"0s\"\nreconcile_interval = \"0s\"",
+        "cidrs = [\"10.240.0.0/28\"]",
+    );
+    let d = env.start(remover.clone()).await;
+    let socket = env.socket();
+    for c in ["mine", "other", "bridged", "gcd"] {
+        let r = call(&socket, alloc_req(c, Some(&v(c)))).await.unwrap();
+        assert!(matches!(r, Response::Allocated { .. }), "{r:?}");
+    }
+    for bad in &foreign {
+        let m = refused(
+            call(&socket, alloc_req("intruder", Some(bad))).await,
+            &format!("allocate naming {bad}"),
+        );
+        assert!(m.contains(bad.as_str()), "{m}");
+    }
+    for bad in foreign.iter().chain([&v("bridged")]) {
+        let m = refused(
+            call(
+                &socket,
+                Request::Release {
+                    key: key("mine"),
+                    teardown_link: Some(bad.clone()),
+                },
+            )
+            .await,
+            &format!("release naming {bad}"),
+        );
+        assert!(
+            m.contains(bad.as_str()) && m.contains("nothing was released"),
+            "{m}"
+        );
+    }
+    let r = call(
+        &socket,
+        Request::Release {
+            key: key("nolease"),
+            teardown_link: Some(v("nolease")),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(r, Response::Released { address: None });
+    // Nothing was persisted by the refused requests.
+    d.shutdown().await;
+    let d = env.start(remover.clone()).await;
+    let mut held: Vec<String> = list(&socket)
+        .await
+        .into_iter()
+        .map(|l| l.key.container_id)
+        .collect();
+    held.sort();
+    assert_eq!(held, ["bridged", "gcd", "mine", "other"]);
+
+    // Their own names: the veth goes, the bridge is released but stays.
+    for c in ["mine", "bridged"] {
+        let r = call(
+            &socket,
+            Request::Release {
+                key: key(c),
+                teardown_link: Some(v(c)),
+            },
+        )
+        .await
+        .unwrap();
+        assert!(
+            matches!(r, Response::Released { address: Some(_) }),
+            "{r:?}"
+        );
+    }
+    // GC releases "gcd" (not valid) but does not delete its bridge.
+    let r = call(
+        &socket,
+        Request::Gc {
+            network: "net".into(),
+            valid: vec![Attachment {
+                container_id: "other".into(),
+                ifname: "eth0".into(),
+            }],
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(r, Response::GcDone { ref released } if released.len() == 1),
+        "{r:?}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while link_exists(&handle, &v("mine")).await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "own veth never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for l in foreign
+        .iter()
+        .chain([&v("bridged"), &v("gcd"), &v("nolease")])
+    {
+        assert!(link_exists(&handle, l).await.unwrap(), "{l} was deleted");
+    }
+    d.shutdown().await;
+}
+
+/// Run `f` on a thread of its own in a new network namespace (which goes with the thread).
+fn in_netns<F: std::future::Future<Output = ()> + 'static>(f: fn() -> F) {
+    std::thread::spawn(move || {
+        nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), f())
+                .await
+                .expect("scenario finished in time");
+        });
+    })
+    .join()
+    .expect("scenario passed");
+}
+
+#[test]
+fn only_our_own_veths_are_ever_deleted() {
+    in_netns(attacks);
 }
 
 #[test]
