@@ -33,6 +33,9 @@ pub const DEFAULT_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
 /// Default grace before a lease whose host veth is gone is released: longer than any ADD
 /// takes between reserving the address and creating the veth.
 pub const DEFAULT_RECONCILE_GRACE: Duration = Duration::from_secs(60);
+/// Default age below which GC never releases a lease: the runtime's list of valid
+/// attachments may not name an ADD that is still running or just finished.
+pub const DEFAULT_GC_GRACE: Duration = Duration::from_secs(60);
 /// Default Azure IMDS endpoint of the node's network metadata.
 pub const DEFAULT_IMDS_URL: &str =
     "http://169.254.169.254/metadata/instance/network?api-version=2021-02-01";
@@ -188,6 +191,8 @@ pub struct Config {
     /// A lease whose host veth is gone is released once it is older than this and the veth
     /// has been seen missing for this long.
     pub reconcile_grace: Duration,
+    /// GC never releases a lease younger than this.
+    pub gc_grace: Duration,
     pub pools: Vec<PoolSpec>,
     /// Suspicious but legal settings (e.g. an exclusion outside its pool), for the log.
     pub warnings: Vec<String>,
@@ -218,6 +223,8 @@ struct RawConfig {
     reconcile_interval: Option<String>,
     #[serde(default)]
     reconcile_grace: Option<String>,
+    #[serde(default)]
+    gc_grace: Option<String>,
     #[serde(default, rename = "pool")]
     pools: Vec<RawPool>,
 }
@@ -352,6 +359,7 @@ impl Config {
                 "must be at least 5s: an ADD in progress has reserved its address before its veth exists".into(),
             ));
         }
+        let gc_grace = dur("gc_grace", &raw.gc_grace, DEFAULT_GC_GRACE)?;
 
         if raw.pools.is_empty() {
             return Err(invalid(
@@ -403,6 +411,7 @@ impl Config {
             metrics_address,
             reconcile_interval,
             reconcile_grace,
+            gc_grace,
             pools,
             warnings,
         })

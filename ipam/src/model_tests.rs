@@ -174,7 +174,7 @@ impl Sut {
 fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
     let config = Config::parse(
         &format!(
-            "cooldown = \"{COOLDOWN_MS}ms\"\non_only_cooling = \"{}\"\n\
+            "cooldown = \"{COOLDOWN_MS}ms\"\ngc_grace = \"0s\"\non_only_cooling = \"{}\"\n\
              [[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/29\"]\nexclude=[\"10.0.0.3\"]\n\
              [[pool]]\nname=\"b\"\nsource=\"prefixes\"\nprefixes=[\"10.0.2.8/31\"]\n\
              [[pool]]\nname=\"nic\"\nsource=\"azure-imds\"\nurl=\"http://127.0.0.1:9/x\"\n",

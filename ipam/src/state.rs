@@ -315,6 +315,7 @@ pub struct PoolCounts {
 
 pub struct State {
     cooldown: Duration,
+    gc_grace_ms: u64,
     policy: OnOnlyCooling,
     veth_prefix: String,
     pools: Vec<Pool>,
@@ -373,6 +374,7 @@ impl State {
         spans.sort_by_key(|s| s.first);
         Self {
             cooldown: config.cooldown,
+            gc_grace_ms: ms(config.gc_grace),
             policy: config.on_only_cooling,
             veth_prefix: config.host_veth_prefix.clone(),
             names: pools.iter().map(|p| p.spec.name.as_str().into()).collect(),
@@ -897,13 +899,25 @@ impl State {
         if network.is_empty() {
             return Err(Refusal::bad("gc: network must not be empty".into()));
         }
+        if network == RECOVERED_NETWORK {
+            return Err(Refusal::bad(format!(
+                "gc of the internal network {RECOVERED_NETWORK} is refused: its leases are \
+                 released by the DEL of their real key, or once their veth is gone"
+            )));
+        }
+        // A lease this young may belong to an ADD still running (or just done) that the
+        // runtime's list does not name yet.
+        let settled = |at: u64| now_ms.saturating_sub(at) >= self.gc_grace_ms;
         let valid_set: HashSet<(&str, &str)> = valid
             .iter()
             .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
             .collect();
         let mut stale: Vec<u32> = Vec::new();
         for (id, e) in self.leases.iter() {
-            if e.state != LeaseState::Committed || !e.network_is(network) {
+            if e.state != LeaseState::Committed
+                || !e.network_is(network)
+                || !settled(e.allocated_at_ms)
+            {
                 continue;
             }
             let k = e.attachment_key();
@@ -923,6 +937,7 @@ impl State {
                 .collect();
             for (veth, id) in &self.recovered {
                 if self.leases.get(*id).state == LeaseState::Committed
+                    && settled(self.leases.get(*id).allocated_at_ms)
                     && !valid_veths.contains(&**veth)
                     && veth_gone(veth)
                 {
@@ -1651,7 +1666,7 @@ mod tests {
 
     #[test]
     fn gc_releases_only_stale_leases_of_the_network() {
-        let mut st = State::new(&config("cidrs=[\"10.0.0.0/28\"]", ""));
+        let mut st = State::new(&config("cidrs=[\"10.0.0.0/28\"]", "gc_grace=\"0s\""));
         for c in ["a", "b", "c"] {
             alloc(&mut st, c, 0).unwrap();
         }

@@ -104,3 +104,40 @@ async fn wall_clock_steps_neither_end_a_cooldown_nor_replay_an_old_del() {
     }
     d.shutdown().await;
 }
+
+/// GC never releases a lease younger than `gc_grace` (the runtime's list of valid attachments
+/// may not name an ADD still running), and refuses the internal network of recovered leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_spares_young_leases_and_refuses_the_recovered_network() {
+    let env = Env::new("gc_grace = \"60s\"", "cidrs = [\"10.240.0.0/29\"]");
+    let (clock, _) = stepped_clock();
+    let d = Daemon::start_with_clock(&env.config, Arc::new(Recorder::default()), clock.clone())
+        .await
+        .unwrap();
+    let socket = env.socket();
+    allocate(&socket, "young").await;
+    let gc = |network: &str| Request::Gc {
+        network: network.into(),
+        valid: vec![],
+    };
+    match call(&socket, gc("net")).await.unwrap() {
+        Response::GcDone { released } => assert!(released.is_empty(), "{released:?}"),
+        other => panic!("{other:?}"),
+    }
+    clock.advance(Duration::from_secs(61));
+    match call(&socket, gc("net")).await.unwrap() {
+        Response::GcDone { released } => {
+            assert_eq!(released.len(), 1);
+            assert_eq!(released[0].key.container_id, "young");
+        }
+        other => panic!("{other:?}"),
+    }
+    match call(&socket, gc(aliasnet_ipam_proto::RECOVERED_NETWORK)).await {
+        Err(ClientError::Refused { kind, message }) => {
+            assert_eq!(kind, ErrorKind::BadRequest);
+            assert!(message.contains("_recovered"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    d.shutdown().await;
+}
