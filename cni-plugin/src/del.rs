@@ -2,7 +2,7 @@
 //! name and the IPAM key both derive from (network, container id, ifname). Deleting the host
 //! veth removes its peer in the pod and the host /32 route with it.
 //!
-//! * `asyncTeardown` (default): one daemon round trip, `Release` with `teardown_link`; the
+//! * `asyncTeardown` (default): `Check`, then `ReleaseLease` of that lease with `teardown_link`; the
 //!   daemon deletes the veth after replying, so the kernel's ~20 ms of RCU waits in veth
 //!   unregistration stay off the runtime's critical path. The daemon deletes only the veth
 //!   recorded for a lease it holds: when the key held nothing, the veth is deleted here.
@@ -10,7 +10,10 @@
 //! * `asyncTeardown: false`: delete the veth here, then `Release`.
 
 use aliasnet_cni_types::{code, CniError, DelEnv, NetConf};
-use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, ClientError, Request, Response};
+use aliasnet_ipam_proto::{
+    frame::FrameError, host_veth_name, AttachmentKey, ClientError, ErrorKind, LeaseRef, Request,
+    Response,
+};
 use anyhow::Result;
 
 use crate::{
@@ -30,18 +33,17 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
         "DEL timings"
     );
     if conf.async_teardown {
-        let req = Request::Release {
-            key: key.clone(),
-            teardown_link: Some(veth.clone()),
-        };
-        match ipam::call(conf, &req) {
-            Ok(resp) => {
-                if released(&key, resp)?.is_none() {
-                    // The daemon deletes only the veth of a lease it holds; without one the
-                    // veth (if any) is ours to remove.
-                    if let Err(e) = delete_veth(&veth) {
-                        tracing::warn!("{e}");
-                    }
+        match release_own(conf, &key, Some(&veth)) {
+            Ok(Some(a)) => {
+                tracing::info!(%key, %a, "released");
+                Ok(())
+            }
+            Ok(None) => {
+                tracing::info!(%key, "nothing held");
+                // The daemon deletes only the veth of a lease it holds; without one the veth
+                // (if any) is ours to remove.
+                if let Err(e) = delete_veth(&veth) {
+                    tracing::warn!("{e}");
                 }
                 Ok(())
             }
@@ -55,29 +57,57 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
         }
     } else {
         delete_veth(&veth)?;
-        let req = Request::Release {
-            key: key.clone(),
-            teardown_link: None,
-        };
-        match ipam::call(conf, &req) {
-            Ok(resp) => released(&key, resp).map(|_| ()),
+        match release_own(conf, &key, None) {
+            Ok(_) => Ok(()),
             Err(e) if ipam::is_down(&e) => spool(conf, &key, None, &e),
             Err(e) => Err(ipam::to_cni(&e).into()),
         }
     }
 }
 
-/// The address the daemon released, if the key held one.
-fn released(key: &AttachmentKey, resp: Response) -> Result<Option<std::net::Ipv4Addr>> {
-    match resp {
-        Response::Released { address } => {
-            match address {
-                Some(a) => tracing::info!(%key, %a, "released"),
-                None => tracing::info!(%key, "nothing held"),
-            }
-            Ok(address)
+/// Release the lease `key` holds now, naming it by its identity (Check, then ReleaseLease on
+/// the same connection): if this request reaches the daemon late (the DEL timed out, and a
+/// later ADD of the same key got a new lease), it releases and deletes nothing. `None` when
+/// the key held nothing.
+fn release_own(
+    conf: &NetConf,
+    key: &AttachmentKey,
+    teardown: Option<&str>,
+) -> Result<Option<std::net::Ipv4Addr>, ClientError> {
+    let unexpected = |what: &str, r: &Response| ClientError::Protocol {
+        path: conf.ipam_socket.clone(),
+        source: FrameError::Unexpected(format!("{what} answered with {r:?}")),
+    };
+    let mut c = ipam::connect(conf)?;
+    let lease = match c.call(&Request::Check { key: key.clone() })? {
+        Response::Lease { lease } => lease,
+        other => return Err(unexpected("CHECK", &other)),
+    };
+    let Some(lease) = lease else {
+        return Ok(None);
+    };
+    let teardown_link = teardown.map(str::to_owned);
+    let req = Request::ReleaseLease {
+        key: key.clone(),
+        teardown_link: teardown_link.clone(),
+        lease: LeaseRef::from(&lease),
+    };
+    let resp = match c.call(&req) {
+        Err(ClientError::Refused {
+            kind: ErrorKind::BadRequest,
+            message,
+        }) if message.contains("release_lease") => {
+            // A daemon from before ReleaseLease (an upgrade installs the plugin first).
+            c.call(&Request::Release {
+                key: key.clone(),
+                teardown_link,
+            })?
         }
-        other => Err(ipam::unexpected("RELEASE", &other).into()),
+        r => r?,
+    };
+    match resp {
+        Response::Released { address } => Ok(address),
+        other => Err(unexpected("RELEASE", &other)),
     }
 }
 

@@ -16,7 +16,7 @@ use serde::{
 
 use crate::{
     frame::FrameError,
-    msg::{Attachment, AttachmentKey, PodRef, Request, PROTOCOL_VERSION},
+    msg::{Attachment, AttachmentKey, LeaseRef, PodRef, Request, PROTOCOL_VERSION},
 };
 
 /// The operations, as named on the wire.
@@ -24,6 +24,7 @@ use crate::{
 enum Op {
     Allocate,
     Release,
+    ReleaseLease,
     Check,
     List,
     ListPage,
@@ -36,6 +37,7 @@ enum Op {
 const OPS: &[&str] = &[
     "allocate",
     "release",
+    "release_lease",
     "check",
     "list",
     "list_page",
@@ -66,6 +68,7 @@ impl Visitor<'_> for OpVisitor {
         Ok(match s {
             "allocate" => Ok(Op::Allocate),
             "release" => Ok(Op::Release),
+            "release_lease" => Ok(Op::ReleaseLease),
             "check" => Ok(Op::Check),
             "list" => Ok(Op::List),
             "list_page" => Ok(Op::ListPage),
@@ -143,6 +146,14 @@ struct ReleaseBody {
 }
 
 #[derive(Deserialize)]
+struct ReleaseLeaseBody {
+    key: AttachmentKey,
+    #[serde(default)]
+    teardown_link: Option<String>,
+    lease: LeaseRef,
+}
+
+#[derive(Deserialize)]
 struct KeyBody {
     key: AttachmentKey,
 }
@@ -208,6 +219,14 @@ pub(crate) fn request(b: &[u8]) -> Result<Request, FrameError> {
             Request::Release {
                 key: r.key,
                 teardown_link: r.teardown_link,
+            }
+        }
+        Op::ReleaseLease => {
+            let r: ReleaseLeaseBody = body(b)?;
+            Request::ReleaseLease {
+                key: r.key,
+                teardown_link: r.teardown_link,
+                lease: r.lease,
             }
         }
         Op::Check => Request::Check {

@@ -149,6 +149,14 @@ mod tests {
                 key: key.clone(),
                 teardown_link: None,
             },
+            Request::ReleaseLease {
+                key: key.clone(),
+                teardown_link: Some("ali0123456789ab".into()),
+                lease: crate::msg::LeaseRef {
+                    address: "10.0.0.7".parse().unwrap(),
+                    allocated_at_ms: 42,
+                },
+            },
             Request::Check { key },
             Request::List,
             Request::ListPage {

@@ -70,6 +70,24 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// Which lease of a key a [`Request::ReleaseLease`] means: a key that is released and
+/// allocated again gets another lease, with another allocation time (and, while the first
+/// address cools down, another address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub address: Ipv4Addr,
+    pub allocated_at_ms: u64,
+}
+
+impl From<&Lease> for LeaseRef {
+    fn from(l: &Lease) -> Self {
+        Self {
+            address: l.address,
+            allocated_at_ms: l.allocated_at_ms,
+        }
+    }
+}
+
 /// A container attachment named in a GC request's valid list.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attachment {
@@ -98,6 +116,18 @@ pub enum Request {
         key: AttachmentKey,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         teardown_link: Option<String>,
+    },
+    /// Release the lease of `key` only if it is still the one `lease` identifies (address and
+    /// allocation time, as Check or Allocate returned them): a release that arrives late (its
+    /// DEL timed out and a later ADD of the same key got a new lease) releases and deletes
+    /// nothing and is answered `Released { address: None }`. Otherwise as
+    /// [`Request::Release`]. Daemons older than this operation answer `BadRequest` (unknown
+    /// variant); send a plain Release to those.
+    ReleaseLease {
+        key: AttachmentKey,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        teardown_link: Option<String>,
+        lease: LeaseRef,
     },
     /// Look up the lease of `key`.
     Check { key: AttachmentKey },

@@ -323,7 +323,24 @@ impl Ipam {
                 host_veth,
             } => self.allocate(key, pod, pool, host_veth).await,
             Request::Release { key, teardown_link } => {
-                match self.release(&key, teardown_link.as_deref(), None).await {
+                match self
+                    .release(&key, teardown_link.as_deref(), None, None)
+                    .await
+                {
+                    Ok(address) => Response::Released { address }.into(),
+                    Err(h) => h,
+                }
+            }
+            Request::ReleaseLease {
+                key,
+                teardown_link,
+                lease,
+            } => {
+                let ident = (u32::from(lease.address), lease.allocated_at_ms);
+                match self
+                    .release(&key, teardown_link.as_deref(), None, Some(ident))
+                    .await
+                {
                     Ok(address) => Response::Released { address }.into(),
                     Err(h) => h,
                 }
@@ -451,14 +468,15 @@ impl Ipam {
         key: &AttachmentKey,
         teardown: Option<&str>,
         not_after: Option<u64>,
+        lease: Option<(u32, u64)>,
     ) -> Result<Option<Ipv4Addr>, Handled> {
         let step = self
-            .wait_until(
-                |st| match st.begin_release(key, teardown, not_after, self.now_ms())? {
+            .wait_until(|st| {
+                match st.begin_release_of(key, teardown, not_after, lease, self.now_ms())? {
                     ReleaseStep::Wait(why) => Ok(Err(why)),
                     s => Ok(Ok(s)),
-                },
-            )
+                }
+            })
             .await
             .map_err(|r| error(r.kind, r.message))?;
         match step {
@@ -512,7 +530,7 @@ impl Ipam {
         if !still_unseen {
             return;
         }
-        match self.release(&lease.key, None, None).await {
+        match self.release(&lease.key, None, None, None).await {
             Ok(_) => tracing::info!(
                 key = %lease.key,
                 address = %lease.address,
@@ -561,6 +579,7 @@ impl Ipam {
                     &entry.key,
                     entry.host_veth.as_deref(),
                     Some(self.shared.clock.spooled_at(&entry)),
+                    None,
                 )
                 .await
             {

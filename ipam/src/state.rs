@@ -787,6 +787,19 @@ impl State {
         not_after: Option<u64>,
         now_ms: u64,
     ) -> Result<ReleaseStep, Refusal> {
+        self.begin_release_of(key, teardown, not_after, None, now_ms)
+    }
+
+    /// [`State::begin_release`] of the lease `lease` (address, allocation time) only: if `key`
+    /// now holds another lease (released and allocated again since), nothing is released.
+    pub fn begin_release_of(
+        &mut self,
+        key: &AttachmentKey,
+        teardown: Option<&str>,
+        not_after: Option<u64>,
+        lease: Option<(u32, u64)>,
+        now_ms: u64,
+    ) -> Result<ReleaseStep, Refusal> {
         validate_key(key).map_err(Refusal::bad)?;
         if let Some(v) = teardown {
             validate_ifname("teardown_link", v).map_err(Refusal::bad)?;
@@ -807,6 +820,12 @@ impl State {
         let Some(id) = found else {
             return Ok(ReleaseStep::NotFound { teardown: None });
         };
+        if let Some((addr, at)) = lease {
+            let e = self.leases.get(id);
+            if (e.addr, e.allocated_at_ms) != (addr, at) {
+                return Ok(ReleaseStep::NotFound { teardown: None });
+            }
+        }
         if let Some(l) = teardown {
             if !self.link_is_leases(id, l) {
                 return Err(Refusal::bad(format!(

@@ -580,3 +580,76 @@ async fn cooldown_survives_restarts_and_compaction() {
         d.shutdown().await;
     }
 }
+
+/// A Release that names its lease (ReleaseLease) and arrives late, after the key was released
+/// and allocated again (its DEL timed out; a later ADD of the same key got a new lease),
+/// releases and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_release_cannot_free_the_keys_next_lease() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let rec = Arc::new(Recorder::default());
+    let d = env.start(rec.clone()).await;
+    let socket = env.socket();
+    let first = match call(&socket, alloc_req("k", Some(&v("k")))).await {
+        Ok(Response::Allocated { lease }) => lease,
+        other => panic!("{other:?}"),
+    };
+    let stale = Request::ReleaseLease {
+        key: key("k"),
+        teardown_link: Some(v("k")),
+        lease: (&first).into(),
+    };
+    // The first DEL's release goes through (by another path: the spool, a retry).
+    let r = call(
+        &socket,
+        Request::Release {
+            key: key("k"),
+            teardown_link: Some(v("k")),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(r, Response::Released { address: Some(_) }),
+        "{r:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rec.names().is_empty() {
+        assert!(Instant::now() < deadline, "veth never deleted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = match call(&socket, alloc_req("k", Some(&v("k")))).await {
+        Ok(Response::Allocated { lease }) => lease,
+        other => panic!("{other:?}"),
+    };
+    // The stale one arrives now.
+    assert_eq!(
+        call(&socket, stale).await.unwrap(),
+        Response::Released { address: None }
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        rec.names().len(),
+        1,
+        "the new attachment's veth was deleted"
+    );
+    assert_eq!(list(&socket).await, vec![second.clone()]);
+    // Naming the current lease releases it.
+    let r = call(
+        &socket,
+        Request::ReleaseLease {
+            key: key("k"),
+            teardown_link: Some(v("k")),
+            lease: (&second).into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r,
+        Response::Released {
+            address: Some(second.address)
+        }
+    );
+    d.shutdown().await;
+}
