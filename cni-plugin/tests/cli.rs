@@ -223,7 +223,7 @@ fn bad_input_table() {
             env_for("ADD", "/proc/self/ns/net"),
             good.clone(),
             4,
-            "own",
+            "host's network namespace",
             "1.0.0",
         ),
         (
