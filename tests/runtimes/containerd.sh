@@ -47,7 +47,7 @@ ctr_env() {
   sed -e "s|^socket = .*|socket = \"$S/run/ipamd.sock\"|" \
     -e "s|^state_dir = .*|state_dir = \"$S/state/ipam\"|" \
     -e "s|^spool_dir = .*|spool_dir = \"$S/state/spool\"|" \
-    -e 's|^cooldown = .*|cooldown = "0"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
+    -e 's|^cooldown = .*|cooldown = "0"\ngc_grace = "0s"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
   cp "$REPO/install/etc/shaper.toml" "$S/src/"
   printf '[[pool]]\nname = "pods"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE" >"$S/etc/node-pools.toml"
   # Default --cni-bin-dir and --cni-conf-dir: /opt/cni/bin and /etc/cni/net.d of this namespace.
