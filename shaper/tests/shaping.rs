@@ -392,11 +392,14 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
         .spawn()
         .expect("iperf3 server");
     std::thread::sleep(std::time::Duration::from_millis(300));
+    // Four flows in four of the class's flow buckets: flows that share a bucket share its
+    // allowance as one (as in fq_codel), which this part does not measure.
+    let cport = distinct_buckets_cport(4).to_string();
     let out = f.exec(
         "inet",
         &[
-            "iperf3", "-J", "-c", POD_IP, "-p", "5990", "-B", INTERNET, "-t", "4", "-P", "4", "-C",
-            "bbr",
+            "iperf3", "-J", "-c", POD_IP, "-p", "5990", "-B", INTERNET, "--cport", &cport, "-t",
+            "4", "-P", "4", "-C", "bbr",
         ],
     );
     let _ = server.wait();
@@ -420,4 +423,31 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
     for s in &streams {
         assert!(*s > total / 8.0, "unfair share: {streams:?}");
     }
+}
+
+/// The `an_flows` bucket of a TCP flow from `src:sport` to `dst:dport` (the programs'
+/// `flow_bucket()`; addresses and ports as the programs load them from the packet).
+fn flow_bucket(src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr, sport: u16, dport: u16) -> u32 {
+    let saddr = u32::from_ne_bytes(src.octets());
+    let daddr = u32::from_ne_bytes(dst.octets());
+    let (s, d) = (sport.to_be_bytes(), dport.to_be_bytes());
+    let ports = u32::from_ne_bytes([s[0], s[1], d[0], d[1]]);
+    let mut h = saddr ^ daddr.wrapping_mul(0x9e37_79b1) ^ ports.wrapping_mul(0x85eb_ca6b) ^ 6;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h & (abi::FLOW_BUCKETS - 1)
+}
+
+/// A first client port from which `n` consecutive ports (iperf3 -P with --cport) put the
+/// flows from the internet host to the pod's port 5990 in `n` different buckets.
+fn distinct_buckets_cport(n: u16) -> u16 {
+    let (src, dst) = (INTERNET.parse().unwrap(), POD_IP.parse().unwrap());
+    (40_000..60_000)
+        .step_by(usize::from(n))
+        .find(|&p| {
+            let mut seen = std::collections::HashSet::new();
+            (p..p + n).all(|q| seen.insert(flow_bucket(src, dst, q, 5990)))
+        })
+        .expect("a port range with distinct buckets")
 }
