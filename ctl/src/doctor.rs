@@ -110,7 +110,10 @@ fn collect(g: &Global, o: &Options) -> Report {
             None
         }
     };
-    let records: Option<Vec<PodRecord>> = match daemons::open_datapath(&g.pin_root) {
+    let datapath = daemons::open_datapath(&g.pin_root);
+    // The applied node config (node cap, uplink), from the same open as the records.
+    let node_config = datapath.as_ref().ok().and_then(|dp| dp.config().ok());
+    let records: Option<Vec<PodRecord>> = match datapath {
         Ok(dp) => match dp.pods() {
             Ok(r) => Some(r),
             Err(e) => {
@@ -302,28 +305,21 @@ fn collect(g: &Global, o: &Options) -> Report {
         if r.meta.egress_rate != 0 || r.meta.internet_egress_rate != 0 {
             let netns = abi::cstr(&r.meta.netns);
             let ifname = r.ifname();
+            let what = format!("pod {}/{}", r.namespace(), r.name());
+            let fix = delete_pod_fix(&r.namespace(), &r.name());
+            let dev = format!("{ifname} in {netns}");
+            // One visit to the pod's netns: its interface, then that interface's qdiscs.
             let pod_side = aliasnet_shaper::netns::run_in(Path::new(&netns), move || {
                 let mut rt = Rtnl::new().ok()?;
                 let l = rt.links().ok()?.into_iter().find(|l| l.name == ifname)?;
-                Some((l.index, l.mtu))
+                Some(below_frame(&dev, l.index, l.mtu, &what, &fix))
             });
-            if let Ok(Some((index, mtu))) = pod_side {
-                let netns2 = netns.clone();
-                let what = format!("pod {}/{}", r.namespace(), r.name());
-                let fix = delete_pod_fix(&r.namespace(), &r.name());
-                let dev = format!("{} in {netns}", r.ifname());
-                if let Ok(f) = aliasnet_shaper::netns::run_in(Path::new(&netns2), move || {
-                    below_frame(&dev, index, mtu, &what, &fix)
-                }) {
-                    findings.extend(f);
-                }
+            if let Ok(Some(f)) = pod_side {
+                findings.extend(f);
             }
         }
     }
-    if let Some(cfg) = daemons::open_datapath(&g.pin_root)
-        .ok()
-        .and_then(|dp| dp.config().ok())
-    {
+    if let Some(cfg) = node_config {
         if cfg.node_internet_cap != 0 {
             if let Some(up) = links.iter().find(|l| l.index == cfg.uplink_ifindex) {
                 findings.extend(below_frame(
