@@ -1,7 +1,7 @@
 //! Compiles every `*.bpf.c` in this directory with clang-19 into `OUT_DIR/<name>.o`.
 //!
-//! The kernel side is C (see shared/reference/ebpf.md): Rust BPF would need nightly and
-//! bpf-linker, which this machine kind cannot build. `ALIASNET_CLANG` overrides the compiler.
+//! The kernel side is C: Rust BPF would need a nightly toolchain and bpf-linker, which the
+//! stable toolchain the project builds with does not provide. `ALIASNET_CLANG` overrides the compiler.
 
 use std::{
     env,

@@ -40,8 +40,8 @@
  * and stay within a small per-flow budget (pings, DNS, ACKs, a new connection's first
  * packets), and a "bulk" leaf (classid + 2, prio 1) for the rest. Both leaves share the
  * class's rate; the sparse one is served first, so a bulk flow's queue does not delay
- * other flows of the pod, as fq_codel's sparse flows are not (this kernel has no fq,
- * fq_codel or sfq). The programs write the leaf's class id to skb->priority, which HTB
+ * other flows of the pod, as fq_codel's sparse flows are not (on kernels without sch_fq,
+ * fq_codel or sfq, this is the flow isolation there is). The programs write the leaf's class id to skb->priority, which HTB
  * uses directly when no tc filter is installed; a value naming no class falls through to
  * HTB's default class.
  */
@@ -172,8 +172,8 @@ _Static_assert(sizeof(struct an_pod_meta) == 808, "an_pod_meta size");
  * packet before the class's qdisc does, so they model its backlog at the class rate (as
  * Cilium's EDT does, with the class's HTB burst as credit and the leaf's drop-tail
  * limit) and CE-mark an ECN-capable packet that would wait longer than the marking
- * threshold: ECN TCP then backs off before the drop-tail queue overflows. This kernel has
- * no AQM qdisc. On the pod side, where senders are local, a TCP data segment that cannot
+ * threshold: ECN TCP then backs off before the drop-tail queue overflows, also on
+ * kernels without an AQM qdisc. On the pod side, where senders are local, a TCP data segment that cannot
  * be marked is dropped instead (a congestion signal, not a loss, for a local sender).
  * Index: slot * AN_VQ_PER_POD + AN_VQ_{INGRESS,EGRESS,INTERNET}, or AN_VQ_NODE_CAP.
  */

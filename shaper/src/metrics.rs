@@ -61,7 +61,7 @@ use crate::{
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// The datapath backend reported by `aliasnet_datapath_backend_info`: classification in
-/// TCX programs, shaping by HTB classes the programs select (no EDT: this kernel has no fq).
+/// tc programs, shaping by HTB classes the programs select (no EDT, which needs sch_fq).
 pub const BACKEND: &str = "htb";
 
 /// The classes exported per pod. `other` (ARP, IPv6) is only in the node totals: it is a
