@@ -1,26 +1,9 @@
 //! The network configuration on stdin: the CNI envelope (`cniVersion`, `name`, `type`,
 //! `capabilities`, `runtimeConfig`, `args`, `prevResult`, `cni.dev/*`) plus aliasnet's keys.
 //!
-//! aliasnet keys (all optional):
-//!
-//! | Key | Type | Default | Meaning |
-//! |-----|------|---------|---------|
-//! | `ipamSocket` | absolute path | `/run/aliasnet/ipamd.sock` | `aliasnet-ipamd` socket |
-//! | `spoolDir` | absolute path | `/var/lib/aliasnet/spool` | where DEL records releases while the daemon is down |
-//! | `pool` | string or null | null (any pool) | allocate only from this pool |
-//! | `mtu` | 68..=65535 or null | null (MTU of the default route's interface) | MTU of both veth ends |
-//! | `hostVethPrefix` | 1-8 of `[A-Za-z0-9_-]` | `ali` | host veth name prefix |
-//! | `logFile` | absolute path or null | null (warnings to stderr only) | tracing log file |
-//! | `logLevel` | error, warn, info, debug, trace | `info` | level for `logFile` |
-//! | `asyncTeardown` | bool | true | DEL lets the daemon delete the host veth after replying |
-//! | `timeoutMs` | 1..=300000 | 5000 | per-call timeout talking to the daemon |
-//! | `dns` | CNI DNS object | none | copied into the ADD result |
-//! | `podRoutes` | IPv4 CIDRs | `["0.0.0.0/0"]` | destinations the pod routes via the gateway (e.g. only the VNet) |
-//! | `bpfPinRoot` | absolute path | `/sys/fs/bpf/aliasnet` | where `aliasnet-shaperd` pinned the eBPF datapath |
-//! | `datapath` | `required`, `optional`, `off` | `required` | whether ADD attaches the eBPF datapath (see [`DatapathMode`]) |
-//!
-//! Unknown keys are tolerated. A value of the wrong type or out of range is a code-7 error
-//! naming the key.
+//! Every key the parser reads is in [`KEYS`]; `docs/config/plugin.md` documents each of them
+//! (checked by `tests/config_doc.rs`). Unknown keys are tolerated. A value of the wrong type or
+//! out of range is a code-7 error naming the key.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -32,6 +15,33 @@ pub const DEFAULT_MTU_MIN: u32 = 68;
 pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
 /// Default `bpfPinRoot`: aliasnet-shaperd's default pin root.
 pub const DEFAULT_BPF_PIN_ROOT: &str = "/sys/fs/bpf/aliasnet";
+
+/// Every top-level key the parser reads: the CNI envelope, then aliasnet's own. Reading a key
+/// not listed here is a debug assertion, so the list and the parser cannot drift apart.
+pub const KEYS: &[&str] = &[
+    "cniVersion",
+    "name",
+    "type",
+    "capabilities",
+    "runtimeConfig",
+    "args",
+    "prevResult",
+    "cni.dev/valid-attachments",
+    "cni.dev/attachments",
+    "ipamSocket",
+    "spoolDir",
+    "pool",
+    "mtu",
+    "hostVethPrefix",
+    "podRoutes",
+    "asyncTeardown",
+    "timeoutMs",
+    "logFile",
+    "logLevel",
+    "dns",
+    "datapath",
+    "bpfPinRoot",
+];
 
 /// `datapath`: what ADD does about the eBPF datapath (classification, counters, shaping).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,9 +99,9 @@ impl RawConf {
         let Value::Object(obj) = v else {
             return Err(CniError::decode("network config must be a JSON object"));
         };
-        let version = match obj.get("cniVersion") {
+        let version = match Fields(&obj).get("cniVersion") {
             Some(Value::String(s)) => CniVersion::parse(s)?,
-            None | Some(Value::Null) => {
+            None => {
                 return Err(CniError::config("cniVersion", "missing"));
             }
             Some(_) => return Err(CniError::config("cniVersion", "must be a string")),
@@ -226,19 +236,19 @@ impl RawConf {
                 format!("must be between 1 and 300000, got {timeout_ms}"),
             ));
         }
-        let dns = match self.obj.get("dns") {
-            None | Some(Value::Null) => None,
+        let dns = match f.get("dns") {
+            None => None,
             Some(v) => Some(
                 serde_json::from_value::<Dns>(v.clone()).map_err(|e| CniError::config("dns", e))?,
             ),
         };
-        let pod_routes = match self.obj.get("podRoutes") {
-            None | Some(Value::Null) => vec![(std::net::Ipv4Addr::UNSPECIFIED, 0)],
+        let pod_routes = match f.get("podRoutes") {
+            None => vec![(std::net::Ipv4Addr::UNSPECIFIED, 0)],
             Some(v) => parse_pod_routes(v)?,
         };
         let capabilities = f.opt_object("capabilities")?.cloned().unwrap_or_default();
-        let runtime_config = match self.obj.get("runtimeConfig") {
-            None | Some(Value::Null) => RuntimeConfig::default(),
+        let runtime_config = match f.get("runtimeConfig") {
+            None => RuntimeConfig::default(),
             Some(v) => RuntimeConfig::parse(v)?,
         };
         let args = f.opt_object("args")?.cloned();
@@ -247,7 +257,7 @@ impl RawConf {
             .map(|m| Value::Object(m.clone()));
         let valid_attachments = match ["cni.dev/valid-attachments", "cni.dev/attachments"]
             .into_iter()
-            .find_map(|k| self.obj.get(k).filter(|v| !v.is_null()).map(|v| (k, v)))
+            .find_map(|k| f.get(k).map(|v| (k, v)))
         {
             None => None,
             Some((k, v)) => Some(parse_attachments(k, v)?),
@@ -348,6 +358,10 @@ struct Fields<'a>(&'a Map<String, Value>);
 
 impl<'a> Fields<'a> {
     fn get(&self, k: &str) -> Option<&'a Value> {
+        debug_assert!(
+            KEYS.contains(&k),
+            "config key {k:?} is read but not in KEYS"
+        );
         self.0.get(k).filter(|v| !v.is_null())
     }
 
