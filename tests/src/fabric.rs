@@ -18,14 +18,6 @@ use crate::{
 /// The internet host's addresses (TEST-NET-3 and TEST-NET-2).
 pub const INTERNET_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const INTERNET_IP2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
-/// MTU of the VNet links (nodes' uplinks): 9000 (AWS 9001, Azure 9000, GCP up to 8896), or
-/// `ALIASNET_TEST_MTU`; the datapath suites also run at 1500 (tests/run.sh).
-pub fn vnet_mtu() -> u32 {
-    std::env::var("ALIASNET_TEST_MTU")
-        .ok()
-        .map(|v| v.parse().expect("ALIASNET_TEST_MTU is a number"))
-        .unwrap_or(9000)
-}
 /// The fabric's VNet and cluster ranges: nodes 10.100.0.0/16, pods 10.240.0.0/16.
 pub const DEFAULT_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\"]\n";
 
@@ -158,7 +150,8 @@ impl Node {
     ) -> Result<Self> {
         let ns = Netns::new(&format!("an{tag}-node{i}"))?;
         let vnet_if = format!("n{i}");
-        let mtu = vnet_mtu().to_string();
+        // The VNet links (nodes' uplinks) have the test MTU.
+        let mtu = crate::test_mtu().to_string();
         vnet.ip(&[
             "link", "add", &vnet_if, "mtu", &mtu, "type", "veth", "peer", "name", "eth0", "mtu",
             &mtu, "netns", &ns.name,

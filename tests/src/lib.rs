@@ -1,6 +1,19 @@
-//! The aliasnet test fabric: simulated cloud VNet, nodes, pods and an "internet", all in
-//! network namespaces this process creates and removes. Nothing here touches the root
-//! namespace's routes, addresses, sysctls or qdiscs.
+//! The aliasnet test fabric, used by every integration test and benchmark: network namespaces
+//! this process creates and removes, topologies built from them, the daemons run inside them
+//! and the CNI plugin invoked as a runtime does. Nothing here touches the root namespace's
+//! routes, addresses, sysctls or qdiscs.
+//!
+//! - [`netns`]: a named namespace removed on drop, `ip` and commands inside it.
+//! - [`fabric`]: the simulated VNet below (nodes running the real daemons, pods wired by the
+//!   real plugin).
+//! - [`single`]: one node with a hand-wired pod, an internet host and an internal peer, and a
+//!   private bpffs ([`bpffs`]): the datapath tests and the shaping benchmarks.
+//! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;
+//!   [`traffic`]: iperf3 and ping.
+//!
+//! Every link of a node's uplink has [`test_mtu`] (9000 unless `ALIASNET_TEST_MTU` says
+//! otherwise). Namespace names carry the process id and a counter ([`unique_tag`]), so
+//! parallel tests and test binaries never collide.
 //!
 //! ```text
 //!                 internet netns (203.0.113.10, 198.51.100.10)
@@ -16,11 +29,14 @@
 //! Tests panic on failure (backtraces survive); helpers return `anyhow::Result` where the
 //! caller wants to assert on failure.
 
+pub mod bpffs;
 pub mod cni;
 pub mod fabric;
 pub mod ipamd;
 pub mod netns;
 pub mod shaperd;
+pub mod single;
+pub mod traffic;
 
 use std::{
     path::PathBuf,
@@ -54,23 +70,44 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// A short tag unique within this machine for the lifetime of the process, for netns names.
+/// A short tag unique within this machine for the lifetime of the process, for netns names
+/// (the separator keeps pid 1234 tag 51 apart from pid 12345 tag 1).
 pub fn unique_tag() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("{}{}", std::process::id() % 100_000, n)
+    format!("{}x{}", std::process::id() % 100_000, n)
 }
 
-/// Tests in this crate need root (namespaces, veths). Under CI a non-root run is a failure,
-/// elsewhere the test is skipped with a message.
-pub fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
+/// MTU of the simulated uplinks: 9000 (AWS 9001, Azure 9000, GCP up to 8896), or
+/// `ALIASNET_TEST_MTU`; the datapath suites also run at 1500 (tests/run.sh).
+pub fn test_mtu() -> u32 {
+    std::env::var("ALIASNET_TEST_MTU")
+        .ok()
+        .map(|v| v.parse().expect("ALIASNET_TEST_MTU is a number"))
+        .unwrap_or(9000)
+}
+
+/// Privileged tests (namespaces, veths, bpffs and tmpfs mounts, BPF programs) call this
+/// first: without root the test fails with this message instead of passing without having
+/// run anything.
+#[track_caller]
+pub fn require_root() {
     assert!(
-        std::env::var_os("CI").is_none(),
-        "integration tests must run as root in CI"
+        nix::unistd::geteuid().is_root(),
+        "needs root: this test creates network namespaces and mounts (run tests/run.sh, or \
+         cargo test as root)"
     );
-    eprintln!("skipping: needs root");
-    false
+}
+
+/// Tests that drive a tool (promtool, iperf3, ...) call this first: without it the test fails
+/// naming the Debian package (tests/setup.sh installs them all) instead of passing untested.
+#[track_caller]
+pub fn require_tool(name: &str, package: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "needs {name}: apt-get install {package} (tests/setup.sh installs it)"
+    );
 }

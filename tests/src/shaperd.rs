@@ -3,8 +3,8 @@
 
 use std::{
     fs,
-    path::PathBuf,
-    process::{Child, Stdio},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
@@ -20,48 +20,69 @@ pub struct ShaperPaths {
     pub log: PathBuf,
 }
 
-/// A running daemon. Dropping it stops the daemon and removes the pin root, which detaches
-/// whatever is still attached (the pods are gone by then).
+/// A running daemon. Dropping it stops the daemon; one started with [`Shaperd::start`] also
+/// removes its pin root then, which detaches whatever is still attached (the pods are gone
+/// by then).
 pub struct Shaperd {
     pub paths: ShaperPaths,
+    bin: PathBuf,
     ns_path: PathBuf,
     child: Option<Child>,
+    /// Extra arguments of every (re)spawn.
+    args: Vec<String>,
+    remove_pins: bool,
 }
 
 impl Shaperd {
-    pub fn start(ns: &Netns, paths: ShaperPaths) -> Result<Self> {
-        // `--once` installs the datapath and applies the policy before returning, so the
-        // plugin finds complete pins as soon as this returns.
-        run(ns
-            .command(crate::bin("aliasnet-shaperd"))
+    /// `nsenter --net=NS aliasnet-shaperd --config C --pin-root P ARGS` (nsenter keeps bpffs
+    /// visible), logging at info.
+    pub fn command(bin: &Path, ns: &Path, paths: &ShaperPaths, args: &[&str]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", ns.display()))
+            .arg(bin)
             .arg("--config")
             .arg(&paths.config)
             .arg("--pin-root")
             .arg(&paths.pin_root)
-            .arg("--once"))
-        .context("aliasnet-shaperd --once")?;
-        let mut me = Self {
-            paths,
-            ns_path: ns.path(),
-            child: None,
-        };
-        me.spawn(ns)?;
+            .args(args)
+            .env("RUST_LOG", "info");
+        c
+    }
+
+    /// Install the datapath (`--once`, so pins exist when this returns), then keep the daemon
+    /// running for policy reloads and GC; the pin root goes with the daemon.
+    pub fn start(ns: &Netns, paths: ShaperPaths) -> Result<Self> {
+        let bin = crate::bin("aliasnet-shaperd");
+        // `--once` installs the datapath and applies the policy before returning, so the
+        // plugin finds complete pins as soon as this returns.
+        run(&mut Self::command(&bin, &ns.path(), &paths, &["--once"]))
+            .context("aliasnet-shaperd --once")?;
+        let mut me = Self::spawn(&bin, &ns.path(), paths, &["--poll-interval", "1"])?;
+        me.remove_pins = true;
         Ok(me)
     }
 
-    fn spawn(&mut self, ns: &Netns) -> Result<()> {
+    /// Start the daemon in the background with `args`; its output is appended to the log.
+    pub fn spawn(bin: &Path, ns: &Path, paths: ShaperPaths, args: &[&str]) -> Result<Self> {
+        let mut me = Self {
+            paths,
+            bin: bin.to_path_buf(),
+            ns_path: ns.to_path_buf(),
+            child: None,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            remove_pins: false,
+        };
+        me.respawn()?;
+        Ok(me)
+    }
+
+    fn respawn(&mut self) -> Result<()> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&self.paths.log)?;
-        let child = ns
-            .command(crate::bin("aliasnet-shaperd"))
-            .arg("--config")
-            .arg(&self.paths.config)
-            .arg("--pin-root")
-            .arg(&self.paths.pin_root)
-            .arg("--poll-interval")
-            .arg("1")
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let child = Self::command(&self.bin, &self.ns_path, &self.paths, &args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -72,31 +93,54 @@ impl Shaperd {
     }
 
     /// Restart the daemon (what an upgrade does); pods keep their programs meanwhile.
-    pub fn restart(&mut self, ns: &Netns) -> Result<()> {
+    pub fn restart(&mut self, _ns: &Netns) -> Result<()> {
         self.stop()?;
-        self.spawn(ns)
+        self.respawn()
     }
 
-    pub fn stop(&mut self) -> Result<()> {
-        if let Some(mut c) = self.child.take() {
-            signal::kill(Pid::from_raw(c.id() as i32), signal::Signal::SIGTERM)?;
-            let start = Instant::now();
-            while c.try_wait()?.is_none() {
-                if start.elapsed() > Duration::from_secs(10) {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                    bail!("aliasnet-shaperd ignored SIGTERM for 10 s");
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
+    pub fn signal(&self, sig: signal::Signal) -> Result<()> {
+        if let Some(c) = &self.child {
+            signal::kill(Pid::from_raw(c.id() as i32), sig)?;
         }
         Ok(())
+    }
+
+    /// SIGTERM and wait (at most 30 s); the exit status, `None` when it was not running.
+    pub fn stop(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(mut c) = self.child.take() else {
+            return Ok(None);
+        };
+        signal::kill(Pid::from_raw(c.id() as i32), signal::Signal::SIGTERM)?;
+        let start = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait()? {
+                return Ok(Some(st));
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = c.kill();
+                let _ = c.wait();
+                bail!("aliasnet-shaperd ignored SIGTERM for 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL, leaving everything it made in place.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn log(&self) -> String {
@@ -112,11 +156,10 @@ impl Shaperd {
 impl Drop for Shaperd {
     fn drop(&mut self) {
         if self.stop().is_err() {
-            if let Some(mut c) = self.child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+            self.kill();
         }
-        let _ = fs::remove_dir_all(&self.paths.pin_root);
+        if self.remove_pins {
+            let _ = fs::remove_dir_all(&self.paths.pin_root);
+        }
     }
 }

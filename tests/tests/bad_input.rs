@@ -195,9 +195,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn bad_input_gets_the_right_code_and_leaves_nothing() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..Default::default()
@@ -249,9 +247,7 @@ fn bad_input_gets_the_right_code_and_leaves_nothing() {
 
 #[test]
 fn pool_exhaustion_is_a_clear_plugin_error() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         pool: Some(r#"ips = ["10.240.1.10", "10.240.1.11"]"#.into()),

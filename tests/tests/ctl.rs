@@ -11,8 +11,8 @@ use std::{
 
 use aliasnet_ipam_proto::{AttachmentKey, PodRef, Request, Response};
 use aliasnet_tests::{
-    fabric::{vnet_mtu, Fabric, FabricOpts, Node, INTERNET_IP},
-    require_root,
+    fabric::{Fabric, FabricOpts, Node, INTERNET_IP},
+    require_root, test_mtu,
 };
 use serde_json::{json, Value};
 
@@ -106,9 +106,7 @@ fn kernel_has_fq() -> Option<bool> {
 
 #[test]
 fn status_pods_top_and_ipam_describe_the_node() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     const N: u32 = 5;
     const S: u32 = 500;
     let frame = u64::from(S) + 42;
@@ -380,9 +378,7 @@ fn findings(report: &Value) -> Vec<Value> {
 
 #[test]
 fn doctor_finds_broken_state_and_its_fixes_work() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..FabricOpts::default()
@@ -575,9 +571,7 @@ fn doctor_finds_broken_state_and_its_fixes_work() {
 
 #[test]
 fn doctor_reports_shaping_points_below_a_frame_and_status_shows_the_sizes() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         plugin_extra: json!({"capabilities": {"bandwidth": true}}),
@@ -588,7 +582,7 @@ fn doctor_reports_shaping_points_below_a_frame_and_status_shows_the_sizes() {
     // What containerd sends for `kubernetes.io/ingress-bandwidth: 10M`.
     let rc = json!({"bandwidth": {"ingressRate": 10_000_000u64, "ingressBurst": 4_294_967_295u64}});
     let p = node.add_pod_with("s", Some(&rc)).expect("ADD s");
-    let frame = u64::from(vnet_mtu()) + 14;
+    let frame = u64::from(test_mtu()) + 14;
 
     // Exit 1 while shaperd's metrics endpoint comes up: only the datapath part matters here.
     let st: Value =
@@ -651,9 +645,7 @@ fn doctor_reports_shaping_points_below_a_frame_and_status_shows_the_sizes() {
 
 #[test]
 fn commands_explain_daemons_that_are_down() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut f = Fabric::new(FabricOpts {
         nodes: 1,
         ..FabricOpts::default()

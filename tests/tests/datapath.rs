@@ -197,9 +197,7 @@ fn assert_nothing_left(node: &Node, pod_ns: &Netns, what: &str) {
 
 #[test]
 fn counters_match_known_traffic_per_pod_direction_and_class() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric_with(DEFAULT_POLICY, "1.0.0");
     let n = f.node(1);
     let a = n.add_pod("a").unwrap();
@@ -246,9 +244,7 @@ fn counters_match_known_traffic_per_pod_direction_and_class() {
 
 #[test]
 fn blocked_destinations_are_unreachable_and_counted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let policy = format!("{DEFAULT_POLICY}blocked_cidrs = [\"198.51.100.0/24\"]\n");
     let f = fabric_with(&policy, "1.0.0");
     let n = f.node(1);
@@ -281,9 +277,7 @@ fn blocked_destinations_are_unreachable_and_counted() {
 
 #[test]
 fn internet_egress_is_shaped_while_internal_traffic_is_not() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric_with(DEFAULT_POLICY, "1.0.0");
     let n = f.node(1);
     let peer = n.add_pod("peer").unwrap();
@@ -334,9 +328,7 @@ fn internet_egress_is_shaped_while_internal_traffic_is_not() {
 
 #[test]
 fn bad_bandwidth_is_code_7_naming_the_field_and_leaves_nothing() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric_with(DEFAULT_POLICY, "1.0.0");
     let n = f.node(1);
     let cases = [
@@ -383,9 +375,7 @@ fn bad_bandwidth_is_code_7_naming_the_field_and_leaves_nothing() {
 
 #[test]
 fn datapath_modes_and_missing_pins() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric_with(DEFAULT_POLICY, "1.1.0");
     let n = f.node(1);
     let missing = format!("{}-missing", n.shaper_paths.pin_root.display());
@@ -495,9 +485,7 @@ fn datapath_modes_and_missing_pins() {
 
 #[test]
 fn pods_added_while_shaperd_is_down_are_attached_and_counters_survive_restarts() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut f = fabric_with(DEFAULT_POLICY, "1.0.0");
     let before = f.node(1).add_pod("before").unwrap();
     f.node_mut(1).shaperd.as_mut().unwrap().stop().unwrap();
@@ -569,9 +557,7 @@ fn pods_added_while_shaperd_is_down_are_attached_and_counters_survive_restarts()
 
 #[test]
 fn del_check_and_gc_keep_the_maps_in_step() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric_with(DEFAULT_POLICY, "1.1.0");
     let n = f.node(1);
     let rc = json!({ANNOTATIONS: {INTERNET_EGRESS: "50M"}});
@@ -650,9 +636,7 @@ fn del_check_and_gc_keep_the_maps_in_step() {
 
 #[test]
 fn a_failed_attach_rolls_back_everything() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut f = fabric_with(DEFAULT_POLICY, "1.0.0");
     // The plugin needs only the pins; a shaperd starting meanwhile would re-pin the program.
     f.node_mut(1).shaperd.as_mut().unwrap().stop().unwrap();

@@ -5,9 +5,9 @@ use std::{net::Ipv4Addr, os::unix::fs::MetadataExt, process::Stdio, time::Durati
 
 use aliasnet_tests::{
     cni::Invocation,
-    fabric::{vnet_mtu, Fabric, FabricOpts, Node, INTERNET_IP, INTERNET_IP2},
+    fabric::{Fabric, FabricOpts, Node, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
-    require_root,
+    require_root, test_mtu,
 };
 use serde_json::{json, Value};
 
@@ -17,9 +17,7 @@ fn fabric() -> Fabric {
 
 #[test]
 fn pods_reach_each_other_and_the_internet_without_encapsulation() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric();
     let (n1, n2) = (f.node(1), f.node(2));
     let a = n1.add_pod("a").unwrap();
@@ -70,13 +68,13 @@ fn pods_reach_each_other_and_the_internet_without_encapsulation() {
 
     // A full-MTU packet with DF set crosses nodes unfragmented: pod MTU = uplink MTU,
     // ICMP payload = MTU - 20 (IP) - 8 (ICMP).
-    let payload = (vnet_mtu() - 28).to_string();
+    let payload = (test_mtu() - 28).to_string();
     assert!(
         a.ping(c.ip, &["-M", "do", "-s", &payload]),
         "a {}-byte DF packet must cross nodes",
-        vnet_mtu()
+        test_mtu()
     );
-    let too_big = (vnet_mtu() - 27).to_string();
+    let too_big = (test_mtu() - 27).to_string();
     assert!(
         !a.ping(c.ip, &["-M", "do", "-s", &too_big]),
         "one byte more than the MTU must not pass with DF"
@@ -107,9 +105,7 @@ fn wait_output(child: &mut std::process::Child, timeout: Duration) -> String {
 
 #[test]
 fn add_wires_pod_and_host_exactly() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = fabric();
     let n = f.node(1);
     let p = n.add_pod("wired").unwrap();
@@ -140,7 +136,7 @@ fn add_wires_pod_and_host_exactly() {
 
     // Pod side: /32, MTU from the uplink, gateway route, permanent neighbour, default route.
     let link = &p.ns.ip_json(&["link", "show", "eth0"]).unwrap()[0];
-    assert_eq!(link["mtu"], vnet_mtu(), "pod MTU = uplink MTU");
+    assert_eq!(link["mtu"], test_mtu(), "pod MTU = uplink MTU");
     assert_eq!(link["link_type"], "ether");
     let addrs = p.ns.ip_json(&["-4", "addr", "show", "eth0"]).unwrap();
     let ai = &addrs[0]["addr_info"][0];
@@ -194,7 +190,7 @@ fn add_wires_pod_and_host_exactly() {
     );
     assert_eq!(
         n.ns.ip_json(&["link", "show", host_veth]).unwrap()[0]["mtu"],
-        vnet_mtu()
+        test_mtu()
     );
 
     // The reservation carries the pod identity from CNI_ARGS.
@@ -228,9 +224,7 @@ fn add_wires_pod_and_host_exactly() {
 
 #[test]
 fn mtu_override_and_proc_netns_path() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         plugin_extra: json!({"mtu": 1400}),
@@ -285,9 +279,7 @@ fn mtu_override_and_proc_netns_path() {
 
 #[test]
 fn every_del_variant_succeeds_and_releases() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..Default::default()
@@ -341,9 +333,7 @@ fn every_del_variant_succeeds_and_releases() {
 
 #[test]
 fn check_names_what_is_broken() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..Default::default()
@@ -408,9 +398,7 @@ fn check_names_what_is_broken() {
 
 #[test]
 fn gc_releases_stale_reservations_only() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         cni_version: "1.1.0".into(),
@@ -445,9 +433,7 @@ fn gc_releases_stale_reservations_only() {
 
 #[test]
 fn daemon_down_add_fails_cleanly_and_del_is_spooled() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut f = Fabric::new(FabricOpts {
         nodes: 1,
         cni_version: "1.1.0".into(),
@@ -508,9 +494,7 @@ fn daemon_down_add_fails_cleanly_and_del_is_spooled() {
 
 #[test]
 fn parallel_adds_get_distinct_addresses() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..Default::default()
@@ -539,9 +523,7 @@ fn parallel_adds_get_distinct_addresses() {
 
 #[test]
 fn results_follow_the_config_version() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     for version in ["0.4.0", "1.0.0", "1.1.0"] {
         let f = Fabric::new(FabricOpts {
             nodes: 1,
@@ -569,9 +551,7 @@ fn results_follow_the_config_version() {
 
 #[test]
 fn version_lists_supported_versions() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         start_ipamd: false,
@@ -596,9 +576,7 @@ fn version_lists_supported_versions() {
 
 #[test]
 fn runtime_quirks_are_accepted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..Default::default()
@@ -635,9 +613,7 @@ fn runtime_quirks_are_accepted() {
 
 #[test]
 fn pod_routes_restrict_what_a_pod_can_reach() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     // A pod allowed only the VNet (10/8): other pods yes, the internet no.
     let f = Fabric::new(FabricOpts {
         nodes: 2,

@@ -21,7 +21,7 @@ use aliasnet_tests::{
     cni::Invocation,
     fabric::{Fabric, FabricOpts, Node, Pod, DEFAULT_POLICY, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
-    require_root,
+    require_root, require_tool,
 };
 use serde_json::Value;
 
@@ -30,21 +30,6 @@ const SHAPERD_METRICS: &str = "127.0.0.1:9546";
 
 // ---------------------------------------------------------------------------------------
 // Helpers: tools, netns-local HTTP, Prometheus.
-
-/// A tool from the Debian `prometheus` package; under CI its absence fails the test.
-fn require_tool(name: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-        .unwrap_or(false);
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{name} is required under CI: apt-get install prometheus (tests/setup.sh)"
-        );
-        eprintln!("skipping: {name} not installed (apt-get install prometheus)");
-    }
-    found
-}
 
 /// Runs `f` on a thread inside the network namespace `ns`; sockets it opens stay there.
 fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> T + Send) -> T {
@@ -432,9 +417,9 @@ fn ping(pod: &Pod, dst: Ipv4Addr, n: u32, size: u32, interval: &str) -> u32 {
 /// allocations, an unreachable metadata endpoint, blocked traffic).
 #[test]
 fn prometheus_sees_exact_traffic_and_every_dashboard_and_rule_query_has_data() {
-    if !require_root() || !require_tool("promtool") || !require_tool("prometheus") {
-        return;
-    }
+    require_root();
+    require_tool("promtool", "prometheus");
+    require_tool("prometheus", "prometheus");
     const N: u32 = 5; // pings pod->pod and pod->internet
     const S: u32 = 1000; // ICMP payload bytes
     const NB: u32 = 1000; // pings to a blocked destination
@@ -728,9 +713,8 @@ timeout = "500ms"
 /// never go backwards. Malformed requests get a 4xx.
 #[test]
 fn scrapes_stay_valid_and_monotonic_while_pods_churn() {
-    if !require_root() || !require_tool("promtool") {
-        return;
-    }
+    require_root();
+    require_tool("promtool", "prometheus");
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..FabricOpts::default()
@@ -868,9 +852,7 @@ fn check_exposition(body: &str) {
 /// second exporter on the same maps in per-pod mode).
 #[test]
 fn namespace_aggregation_sums_pods_without_the_pod_label() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new(FabricOpts {
         nodes: 1,
         ..FabricOpts::default()
@@ -914,11 +896,8 @@ fn namespace_aggregation_sums_pods_without_the_pod_label() {
     };
     let per_pod = parse(&wait_metrics(&ns, SHAPERD_METRICS));
     let body = wait_metrics(&ns, agg_addr);
-    let (code, out) = if require_tool("promtool") {
-        promtool_check_metrics(&body)
-    } else {
-        (0, String::new())
-    };
+    require_tool("promtool", "prometheus");
+    let (code, out) = promtool_check_metrics(&body);
     assert_eq!(code, 0, "promtool: {out}");
     let agg_samples = parse(&body);
     assert!(
@@ -980,9 +959,7 @@ impl Drop for ChildGuard {
 /// queries all go through the same data source variable.
 #[test]
 fn monitoring_files_pass_promtool_and_are_well_formed() {
-    if !require_tool("promtool") {
-        return;
-    }
+    require_tool("promtool", "prometheus");
     let out = Command::new("promtool")
         .args(["check", "rules"])
         .arg(rules_file())

@@ -4,8 +4,9 @@
 use std::time::Instant;
 
 use aliasnet_tests::{
-    fabric::{vnet_mtu, Fabric, FabricOpts, Node, Pod, INTERNET_IP, INTERNET_IP2},
+    fabric::{Fabric, FabricOpts, Node, Pod, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
+    test_mtu,
 };
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -139,11 +140,11 @@ fn main() -> Result<()> {
         &format!("mpi-0 -> mpi-1 (cross node) {} -> {}", p(1).ip, p(2).ip),
         p(1).ping(p(2).ip, &[]),
     );
-    let full = (vnet_mtu() - 28).to_string();
+    let full = (test_mtu() - 28).to_string();
     check(
         &format!(
             "mpi-0 -> mpi-1 {}-byte packet, DF set (no encapsulation overhead)",
-            vnet_mtu()
+            test_mtu()
         ),
         p(1).ping(p(2).ip, &["-M", "do", "-s", &full]),
     );

@@ -8,7 +8,7 @@
 //! directly (no wrapper) for both chains.
 //!
 //! ```sh
-//! target/release/aliasnet-bench --runs 3 --out bench-results/cni.md
+//! target/release/aliasnet-bench cni --runs 3 --out bench-results/cni.md
 //! ```
 
 use std::{
@@ -25,14 +25,12 @@ use aliasnet_tests::{
     netns::Netns,
 };
 use anyhow::{bail, Context, Result};
-use clap::Parser;
 use nix::sched::{setns, CloneFlags};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-#[derive(Parser, Debug)]
-#[command(about = "CNI ADD/CHECK/DEL latency: aliasnet vs ptp+host-local, same run")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// Pods in the sequential phase.
     #[arg(long, default_value_t = 200)]
     pods: usize,
@@ -272,10 +270,9 @@ struct RunRecord {
     samples: Samples,
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+pub fn run(args: Args) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("aliasnet-bench needs root (it creates network namespaces)");
+        bail!("aliasnet-bench cni needs root (it creates network namespaces)");
     }
     let bin = aliasnet_tests::bin_dir();
     // Production-like daemon: default cooldown, a /16 pool so 3 runs of 250 pods never cycle.

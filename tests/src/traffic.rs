@@ -1,0 +1,121 @@
+//! Traffic between namespaces: one-shot iperf3 servers and ping summaries.
+
+use std::{
+    process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicU16, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+/// A command run in the named namespace through `ip netns exec` (which also gives it the
+/// namespace's /sys; bpffs is not needed there).
+pub fn netns_exec(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).args(args);
+    c
+}
+
+/// A port of its own for each iperf3 server of this process.
+pub fn next_port() -> u16 {
+    static N: AtomicU16 = AtomicU16::new(0);
+    5201 + N.fetch_add(1, Ordering::SeqCst) % 1000
+}
+
+/// `iperf3 -s -1` in namespace `ns` on `addr`, listening when `start` returns; killed on drop.
+pub struct IperfServer {
+    pub port: u16,
+    child: Child,
+}
+
+impl IperfServer {
+    pub fn start(ns: &str, addr: &str) -> Result<Self> {
+        let port = next_port();
+        let child = netns_exec(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("iperf3 server")?;
+        let server = Self { port, child };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let out = netns_exec(ns, &["ss", "-Hltn", &format!("sport = :{port}")])
+                .output()
+                .context("ss")?;
+            if !out.stdout.is_empty() {
+                return Ok(server);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("iperf3 server in {ns} did not start");
+    }
+}
+
+impl Drop for IperfServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An iperf3 client's `-J` report; fails on unparsable output or an iperf3 error.
+pub fn iperf_report(out: &Output) -> Result<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "iperf3 output: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("iperf3: {e}");
+    }
+    Ok(v)
+}
+
+/// What one `ping -q` run reports.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ping {
+    pub sent: u32,
+    pub received: u32,
+    /// Average and maximum RTT in ms; NaN when nothing came back.
+    pub avg: f64,
+    pub max: f64,
+}
+
+/// Parses ping's summary lines.
+pub fn parse_ping(out: &[u8]) -> Ping {
+    let text = String::from_utf8_lossy(out);
+    let mut p = Ping::default();
+    for l in text.lines() {
+        if l.contains("packets transmitted") {
+            let f: Vec<&str> = l.split(", ").collect();
+            p.sent = f[0].split(' ').next().unwrap_or("0").parse().unwrap_or(0);
+            p.received = f
+                .get(1)
+                .and_then(|s| s.split(' ').next())
+                .unwrap_or("0")
+                .parse()
+                .unwrap_or(0);
+        }
+        if let Some(rest) = l.split(" = ").nth(1).filter(|_| l.starts_with("rtt")) {
+            let nums: Vec<f64> = rest
+                .split(" ms")
+                .next()
+                .unwrap_or("")
+                .split('/')
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if nums.len() == 4 {
+                p.avg = nums[1];
+                p.max = nums[2];
+            }
+        }
+    }
+    if p.received == 0 {
+        // Every request lost (or refused locally: ENOBUFS from a full pod-side queue).
+        p.avg = f64::NAN;
+        p.max = f64::NAN;
+    }
+    p
+}
