@@ -1,0 +1,127 @@
+//! Address math: IPv4 ranges, CIDRs, single addresses and range subtraction.
+
+use std::{fmt, net::Ipv4Addr};
+
+/// An inclusive range of IPv4 addresses as host-order integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AddrRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl AddrRange {
+    pub fn len(&self) -> u64 {
+        u64::from(self.last - self.first) + 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl fmt::Display for AddrRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", Ipv4Addr::from(self.first))
+        } else {
+            write!(
+                f,
+                "{}-{}",
+                Ipv4Addr::from(self.first),
+                Ipv4Addr::from(self.last)
+            )
+        }
+    }
+}
+
+/// Parse `a.b.c.d/n`, refusing host bits so a typo cannot silently widen or shift a pool.
+pub(super) fn parse_cidr(s: &str) -> Result<AddrRange, String> {
+    let (ip, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a CIDR (expected a.b.c.d/len)"))?;
+    let ip: Ipv4Addr = ip
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: {ip:?} is not an IPv4 address"))?;
+    let len: u32 = len
+        .trim()
+        .parse()
+        .ok()
+        .filter(|l| *l <= 32)
+        .ok_or_else(|| format!("{s:?}: prefix length must be 0..=32"))?;
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    let first = u32::from(ip) & mask;
+    if first != u32::from(ip) {
+        return Err(format!(
+            "{s:?} has host bits set (did you mean {}/{len}?)",
+            Ipv4Addr::from(first)
+        ));
+    }
+    Ok(AddrRange {
+        first,
+        last: first | !mask,
+    })
+}
+
+pub(super) fn parse_ip(s: &str) -> Result<AddrRange, String> {
+    let ip: Ipv4Addr = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IPv4 address"))?;
+    Ok(AddrRange {
+        first: ip.into(),
+        last: ip.into(),
+    })
+}
+
+pub(super) fn parse_range(s: &str) -> Result<AddrRange, String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?} is not a range (expected a.b.c.d-e.f.g.h)"))?;
+    let a = parse_ip(a).map_err(|m| format!("{s:?}: {m}"))?;
+    let b = parse_ip(b).map_err(|m| format!("{s:?}: {m}"))?;
+    if a.first > b.first {
+        return Err(format!("{s:?}: the first address is after the last"));
+    }
+    Ok(AddrRange {
+        first: a.first,
+        last: b.first,
+    })
+}
+
+/// `ranges` (sorted, disjoint) minus `excl`; the result is sorted, disjoint and merged.
+pub(super) fn subtract(ranges: &[AddrRange], excl: &mut [AddrRange]) -> Vec<AddrRange> {
+    excl.sort();
+    let mut out: Vec<AddrRange> = Vec::new();
+    for r in ranges {
+        let mut cur = Some(*r);
+        for e in excl.iter() {
+            let Some(c) = cur else { break };
+            if e.last < c.first || e.first > c.last {
+                continue;
+            }
+            if e.first > c.first {
+                out.push(AddrRange {
+                    first: c.first,
+                    last: e.first - 1,
+                });
+            }
+            cur = (e.last < c.last).then(|| AddrRange {
+                first: e.last + 1,
+                last: c.last,
+            });
+        }
+        if let Some(c) = cur {
+            out.push(c);
+        }
+    }
+    // Merge adjacent pieces (e.g. ips listed next to a range) so lookups stay short.
+    let mut merged: Vec<AddrRange> = Vec::with_capacity(out.len());
+    for r in out {
+        match merged.last_mut() {
+            Some(m) if u64::from(m.last) + 1 == u64::from(r.first) => m.last = r.last,
+            _ => merged.push(r),
+        }
+    }
+    merged
+}

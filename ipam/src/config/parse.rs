@@ -1,0 +1,294 @@
+//! Reading `ipamd.toml`: the raw TOML shape, the daemon-wide keys and durations.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::Deserialize;
+
+use super::{
+    pool::{build_pool, check_pool_overlaps},
+    *,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default = "default_socket")]
+    pub(super) socket: PathBuf,
+    #[serde(default = "default_state_dir")]
+    pub(super) state_dir: PathBuf,
+    #[serde(default = "default_spool_dir")]
+    pub(super) spool_dir: PathBuf,
+    #[serde(default)]
+    pub(super) cooldown: Option<String>,
+    #[serde(default)]
+    pub(super) on_only_cooling: OnOnlyCooling,
+    #[serde(default = "default_prefix")]
+    pub(super) host_veth_prefix: String,
+    #[serde(default = "default_log_level")]
+    pub(super) log_level: String,
+    #[serde(default)]
+    pub(super) log_file: Option<PathBuf>,
+    #[serde(default = "default_metrics_address")]
+    pub(super) metrics_address: String,
+    #[serde(default)]
+    pub(super) reconcile_interval: Option<String>,
+    #[serde(default)]
+    pub(super) reconcile_grace: Option<String>,
+    #[serde(default)]
+    pub(super) gc_grace: Option<String>,
+    #[serde(default, rename = "pool")]
+    pub(super) pools: Vec<RawPool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPool {
+    pub(super) name: String,
+    pub(super) source: String,
+    #[serde(default)]
+    pub(super) cidrs: Vec<String>,
+    #[serde(default)]
+    pub(super) ranges: Vec<String>,
+    #[serde(default)]
+    pub(super) ips: Vec<String>,
+    #[serde(default)]
+    pub(super) exclude: Vec<String>,
+    #[serde(default)]
+    pub(super) prefixes: Vec<String>,
+    #[serde(default)]
+    pub(super) url: Option<String>,
+    #[serde(default)]
+    pub(super) refresh_min: Option<String>,
+    #[serde(default)]
+    pub(super) refresh_max: Option<String>,
+    #[serde(default)]
+    pub(super) timeout: Option<String>,
+}
+
+pub(super) fn default_socket() -> PathBuf {
+    aliasnet_ipam_proto::DEFAULT_SOCKET.into()
+}
+pub(super) fn default_state_dir() -> PathBuf {
+    DEFAULT_STATE_DIR.into()
+}
+pub(super) fn default_spool_dir() -> PathBuf {
+    aliasnet_ipam_proto::DEFAULT_SPOOL_DIR.into()
+}
+pub(super) fn default_prefix() -> String {
+    aliasnet_ipam_proto::DEFAULT_HOST_VETH_PREFIX.into()
+}
+pub(super) fn default_log_level() -> String {
+    "info".into()
+}
+pub(super) fn default_metrics_address() -> String {
+    DEFAULT_METRICS_ADDRESS.into()
+}
+
+impl Config {
+    /// Read and validate the config at `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validate config text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: field.to_owned(),
+            message,
+        };
+
+        let cooldown = match &raw.cooldown {
+            None => DEFAULT_COOLDOWN,
+            Some(s) => parse_duration(s).map_err(|m| invalid("cooldown", m))?,
+        };
+        for (field, p) in [
+            ("socket", &raw.socket),
+            ("state_dir", &raw.state_dir),
+            ("spool_dir", &raw.spool_dir),
+        ] {
+            if !p.is_absolute() {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "must be an absolute path, got {:?}",
+                        p.display().to_string()
+                    ),
+                ));
+            }
+        }
+        if raw.state_dir == raw.spool_dir {
+            return Err(invalid(
+                "spool_dir",
+                "must differ from state_dir (the plugin writes into it)".into(),
+            ));
+        }
+        check_veth_prefix(&raw.host_veth_prefix).map_err(|m| invalid("host_veth_prefix", m))?;
+        if raw.log_level.trim().is_empty() {
+            return Err(invalid("log_level", "must not be empty".into()));
+        }
+        let metrics_address = match raw.metrics_address.trim() {
+            "" => None,
+            a => Some(a.parse::<std::net::SocketAddr>().map_err(|_| {
+                invalid(
+                    "metrics_address",
+                    format!("{a:?} is not an IP:port such as \"127.0.0.1:9545\" (\"\" disables the endpoint)"),
+                )
+            })?),
+        };
+        let dur = |field: &str, v: &Option<String>, default: Duration| match v {
+            None => Ok(default),
+            Some(s) => parse_duration(s).map_err(|m| invalid(field, m)),
+        };
+        let reconcile_interval = dur(
+            "reconcile_interval",
+            &raw.reconcile_interval,
+            DEFAULT_RECONCILE_INTERVAL,
+        )?;
+        if !reconcile_interval.is_zero() && reconcile_interval < Duration::from_secs(1) {
+            return Err(invalid(
+                "reconcile_interval",
+                "must be at least 1s (or \"0s\": off)".into(),
+            ));
+        }
+        let reconcile_grace = dur(
+            "reconcile_grace",
+            &raw.reconcile_grace,
+            DEFAULT_RECONCILE_GRACE,
+        )?;
+        if reconcile_grace < Duration::from_secs(5) {
+            return Err(invalid(
+                "reconcile_grace",
+                "must be at least 5s: an ADD in progress has reserved its address before its veth exists".into(),
+            ));
+        }
+        let gc_grace = dur("gc_grace", &raw.gc_grace, DEFAULT_GC_GRACE)?;
+
+        if raw.pools.is_empty() {
+            return Err(invalid(
+                "pool",
+                "no [[pool]] defined; the daemon needs at least one address pool".into(),
+            ));
+        }
+        if raw.pools.len() > MAX_POOLS {
+            return Err(invalid(
+                "pool",
+                format!(
+                    "{} pools defined; at most {MAX_POOLS} are supported",
+                    raw.pools.len()
+                ),
+            ));
+        }
+        let mut warnings = Vec::new();
+        let mut pools: Vec<PoolSpec> = Vec::with_capacity(raw.pools.len());
+        for (i, rp) in raw.pools.iter().enumerate() {
+            let spec = build_pool(i, rp, &mut warnings).map_err(|(f, m)| invalid(&f, m))?;
+            if let Some(other) = pools.iter().position(|p| p.name == spec.name) {
+                return Err(invalid(
+                    &format!("pool[{i}].name"),
+                    format!("duplicate pool name '{}' (also pool[{other}])", spec.name),
+                ));
+            }
+            pools.push(spec);
+        }
+        check_pool_overlaps(&pools).map_err(|m| invalid("pool", m))?;
+        let total: u64 = pools.iter().map(|p| p.size).sum();
+        if total > MAX_TOTAL_ADDRESSES {
+            return Err(invalid(
+                "pool",
+                format!(
+                    "pools total {total} addresses; one daemon manages at most {MAX_TOTAL_ADDRESSES}"
+                ),
+            ));
+        }
+
+        Ok(Self {
+            socket: raw.socket,
+            state_dir: raw.state_dir,
+            spool_dir: raw.spool_dir,
+            cooldown,
+            on_only_cooling: raw.on_only_cooling,
+            host_veth_prefix: raw.host_veth_prefix,
+            log_level: raw.log_level,
+            log_file: raw.log_file,
+            metrics_address,
+            reconcile_interval,
+            reconcile_grace,
+            gc_grace,
+            pools,
+            warnings,
+        })
+    }
+
+    /// Total usable addresses over all pools.
+    pub fn total_addresses(&self) -> u64 {
+        self.pools.iter().map(|p| p.size).sum()
+    }
+}
+
+pub(super) fn check_veth_prefix(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.len() > MAX_VETH_PREFIX {
+        return Err(format!(
+            "must be 1 to {MAX_VETH_PREFIX} characters, got {p:?}"
+        ));
+    }
+    if !p
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(format!(
+            "may only contain ASCII letters, digits, '-' and '_', got {p:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Parse a duration like `0`, `500ms`, `130s`, `2m`, `1h`, `1m30s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let bad = || {
+        format!("invalid duration {s:?}: expected a number with a unit (ms, s, m, h), e.g. \"130s\", \"500ms\", \"2m\", \"1m30s\"")
+    };
+    if t.is_empty() {
+        return Err(bad());
+    }
+    let mut total: u128 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u128 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let ms_per = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total = n
+            .checked_mul(ms_per)
+            .and_then(|v| total.checked_add(v))
+            .filter(|v| *v <= u128::from(u64::MAX))
+            .ok_or_else(bad)?;
+    }
+    Ok(Duration::from_millis(total as u64))
+}

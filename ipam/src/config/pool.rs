@@ -1,0 +1,362 @@
+//! Building pools: sources, allowed keys, ranges minus exclusions, metadata endpoints.
+
+use std::{fmt, net::Ipv4Addr, time::Duration};
+
+use super::*;
+
+use super::addr::{parse_cidr, parse_ip, parse_range, subtract};
+use super::parse::RawPool;
+
+/// Where a pool's addresses come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSource {
+    /// CIDRs, ranges and single addresses listed in the config.
+    Static,
+    /// Address blocks delegated to the node (AWS prefix delegation, AKS static blocks); every
+    /// address of every block is usable.
+    Prefixes,
+    /// The node's secondary IPs, read from an Azure IMDS-format endpoint at run time.
+    AzureImds,
+}
+
+impl PoolSource {
+    /// Whether the pool's addresses are only known at run time.
+    pub fn is_dynamic(self) -> bool {
+        self == Self::AzureImds
+    }
+}
+
+impl fmt::Display for PoolSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Static => "static",
+            Self::Prefixes => "prefixes",
+            Self::AzureImds => "azure-imds",
+        })
+    }
+}
+
+/// How an `azure-imds` pool polls its endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImdsSpec {
+    /// `http://` URL on a loopback or link-local address.
+    pub url: String,
+    /// Host and port to connect to (parsed from `url`).
+    pub authority: String,
+    /// Interval right after a change (and the first error backoff).
+    pub refresh_min: Duration,
+    /// Interval reached by doubling while nothing changes (and the longest error backoff).
+    pub refresh_max: Duration,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+/// A validated pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub name: String,
+    pub source: PoolSource,
+    /// Usable addresses (exclusions applied): sorted, disjoint, non-adjacent.
+    pub ranges: Vec<AddrRange>,
+    /// Number of usable addresses.
+    pub size: u64,
+    /// Short human description of the configured sources, for messages ("10.240.1.0/24").
+    pub description: String,
+    /// Exclusions (metadata pools apply them to the addresses they read).
+    pub exclude: Vec<AddrRange>,
+    /// Set for `azure-imds` pools (which have no `ranges`).
+    pub imds: Option<ImdsSpec>,
+}
+
+impl PoolSpec {
+    pub fn is_excluded(&self, addr: u32) -> bool {
+        self.exclude
+            .iter()
+            .any(|r| r.first <= addr && addr <= r.last)
+    }
+}
+
+/// Build one pool; errors are (field, message).
+pub(super) fn build_pool(
+    i: usize,
+    rp: &RawPool,
+    warnings: &mut Vec<String>,
+) -> Result<PoolSpec, (String, String)> {
+    let name = rp.name.trim();
+    if name.is_empty() {
+        return Err((format!("pool[{i}].name"), "must not be empty".into()));
+    }
+    if name.len() > 64 || !name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err((
+            format!("pool[{i}].name"),
+            format!("{name:?} must be 1 to 64 printable ASCII characters without spaces"),
+        ));
+    }
+    let at = |field: &str| format!("pool '{name}'.{field}");
+    let source = match rp.source.as_str() {
+        "static" => PoolSource::Static,
+        "prefixes" => PoolSource::Prefixes,
+        "azure-imds" => PoolSource::AzureImds,
+        other => {
+            return Err((
+                at("source"),
+                format!(
+                    "unknown source {other:?}; expected \"static\", \"prefixes\" or \"azure-imds\""
+                ),
+            ))
+        }
+    };
+    // Keys that belong to another source are refused rather than ignored.
+    let given: [(&str, bool); 8] = [
+        ("cidrs", !rp.cidrs.is_empty()),
+        ("ranges", !rp.ranges.is_empty()),
+        ("ips", !rp.ips.is_empty()),
+        ("prefixes", !rp.prefixes.is_empty()),
+        ("url", rp.url.is_some()),
+        ("refresh_min", rp.refresh_min.is_some()),
+        ("refresh_max", rp.refresh_max.is_some()),
+        ("timeout", rp.timeout.is_some()),
+    ];
+    let allowed: &[&str] = match source {
+        PoolSource::Static => &["cidrs", "ranges", "ips"],
+        PoolSource::Prefixes => &["prefixes"],
+        PoolSource::AzureImds => &["url", "refresh_min", "refresh_max", "timeout"],
+    };
+    if let Some((k, _)) = given.iter().find(|(k, g)| *g && !allowed.contains(k)) {
+        return Err((
+            at(k),
+            format!(
+                "not used by source \"{source}\" (it takes: {}, exclude)",
+                allowed.join(", ")
+            ),
+        ));
+    }
+    let mut excl: Vec<AddrRange> = Vec::new();
+    for (j, s) in rp.exclude.iter().enumerate() {
+        let r = if s.contains('/') {
+            parse_cidr(s)
+        } else {
+            parse_ip(s)
+        }
+        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+        excl.push(r);
+    }
+    if source == PoolSource::AzureImds {
+        let imds = build_imds(rp).map_err(|(f, m)| (at(&f), m))?;
+        excl.sort();
+        return Ok(PoolSpec {
+            name: name.to_owned(),
+            source,
+            ranges: Vec::new(),
+            size: 0,
+            description: format!("metadata from {}", imds.url),
+            exclude: excl,
+            imds: Some(imds),
+        });
+    }
+
+    // Every configured range, remembering where it came from for duplicate messages.
+    let mut parts: Vec<(AddrRange, String)> = Vec::new();
+    for (j, s) in rp.cidrs.iter().enumerate() {
+        let r = parse_cidr(s).map_err(|m| (at(&format!("cidrs[{j}]")), m))?;
+        parts.push((r, format!("cidrs[{j}] {s:?}")));
+    }
+    for (j, s) in rp.ranges.iter().enumerate() {
+        let r = parse_range(s).map_err(|m| (at(&format!("ranges[{j}]")), m))?;
+        parts.push((r, format!("ranges[{j}] {s:?}")));
+    }
+    for (j, s) in rp.ips.iter().enumerate() {
+        let r = parse_ip(s).map_err(|m| (at(&format!("ips[{j}]")), m))?;
+        parts.push((r, format!("ips[{j}] {s:?}")));
+    }
+    for (j, s) in rp.prefixes.iter().enumerate() {
+        let r = parse_cidr(s).map_err(|m| (at(&format!("prefixes[{j}]")), m))?;
+        parts.push((r, format!("prefixes[{j}] {s:?}")));
+    }
+    if parts.is_empty() {
+        return Err(match source {
+            PoolSource::Prefixes => (
+                at("prefixes"),
+                "the pool lists no blocks (set prefixes = [\"10.64.0.0/28\", ...])".into(),
+            ),
+            _ => (
+                at("cidrs"),
+                "the pool lists no addresses (set cidrs, ranges or ips)".into(),
+            ),
+        });
+    }
+    parts.sort_by_key(|(r, _)| *r);
+    for w in parts.windows(2) {
+        if w[1].0.first <= w[0].0.last {
+            return Err((
+                at("cidrs"),
+                format!(
+                    "{} overlaps {} (first shared address {})",
+                    w[0].1,
+                    w[1].1,
+                    Ipv4Addr::from(w[1].0.first)
+                ),
+            ));
+        }
+    }
+    let description = describe(rp);
+    for (j, (r, s)) in rp
+        .exclude
+        .iter()
+        .zip(&excl)
+        .map(|(s, r)| (r, s))
+        .enumerate()
+    {
+        if !parts
+            .iter()
+            .any(|(p, _)| p.first <= r.last && r.first <= p.last)
+        {
+            warnings.push(format!(
+                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
+            ));
+        }
+    }
+    let exclude = excl.clone();
+    let ranges = subtract(
+        &parts.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+        &mut excl,
+    );
+    let size: u64 = ranges.iter().map(AddrRange::len).sum();
+    if size == 0 {
+        return Err((
+            at("exclude"),
+            "the exclusions remove every address; the pool would be empty".into(),
+        ));
+    }
+    if size > MAX_TOTAL_ADDRESSES {
+        return Err((
+            at("cidrs"),
+            format!(
+                "the pool has {size} addresses; one daemon manages at most {MAX_TOTAL_ADDRESSES}"
+            ),
+        ));
+    }
+    Ok(PoolSpec {
+        name: name.to_owned(),
+        source,
+        ranges,
+        size,
+        description,
+        exclude,
+        imds: None,
+    })
+}
+
+/// Validate an `azure-imds` pool's endpoint and timings; errors are (field, message).
+pub(super) fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, String)> {
+    let url = rp
+        .url
+        .clone()
+        .unwrap_or_else(|| DEFAULT_IMDS_URL.to_owned());
+    let authority = check_metadata_url(&url).map_err(|m| ("url".to_owned(), m))?;
+    let dur = |field: &str, v: &Option<String>, default: Duration| match v {
+        None => Ok(default),
+        Some(s) => parse_duration(s).map_err(|m| (field.to_owned(), m)),
+    };
+    let refresh_min = dur("refresh_min", &rp.refresh_min, Duration::from_secs(4))?;
+    let refresh_max = dur("refresh_max", &rp.refresh_max, Duration::from_secs(1024))?;
+    let timeout = dur("timeout", &rp.timeout, Duration::from_secs(2))?;
+    if refresh_min < Duration::from_millis(100) {
+        return Err((
+            "refresh_min".into(),
+            "must be at least 100ms (IMDS rate-limits)".into(),
+        ));
+    }
+    if refresh_max < refresh_min {
+        return Err((
+            "refresh_max".into(),
+            format!(
+                "must be at least refresh_min ({}ms)",
+                refresh_min.as_millis()
+            ),
+        ));
+    }
+    if timeout.is_zero() || timeout > Duration::from_secs(60) {
+        return Err(("timeout".into(), "must be between 1ms and 60s".into()));
+    }
+    Ok(ImdsSpec {
+        url,
+        authority,
+        refresh_min,
+        refresh_max,
+        timeout,
+    })
+}
+
+/// `http://HOST[:PORT]/PATH` with HOST an IPv4 loopback or link-local literal (metadata never
+/// leaves the node, and plain HTTP is only acceptable there). Returns `HOST:PORT`.
+pub fn check_metadata_url(url: &str) -> Result<String, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        format!("{url:?} must start with http:// (plain HTTP to a loopback or link-local address)")
+    })?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if path
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(format!("{url:?}: the path contains whitespace"));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{url:?}: bad port {p:?}"))?,
+        ),
+        None => (authority, 80),
+    };
+    let ip: Ipv4Addr = host
+        .parse()
+        .map_err(|_| format!("{url:?}: the host must be an IPv4 address literal, got {host:?}"))?;
+    if !(ip.is_loopback() || ip.is_link_local()) {
+        return Err(format!(
+            "{url:?}: {ip} is neither loopback (127.0.0.0/8) nor link-local (169.254.0.0/16); \
+             metadata is only fetched from the node itself"
+        ));
+    }
+    Ok(format!("{ip}:{port}"))
+}
+
+pub(super) fn describe(rp: &RawPool) -> String {
+    let all: Vec<&str> = rp
+        .cidrs
+        .iter()
+        .chain(&rp.ranges)
+        .chain(&rp.ips)
+        .chain(&rp.prefixes)
+        .map(|s| s.trim())
+        .collect();
+    match all.len() {
+        0..=2 => all.join(", "),
+        n => format!("{}, {} and {} more", all[0], all[1], n - 2),
+    }
+}
+
+pub(super) fn check_pool_overlaps(pools: &[PoolSpec]) -> Result<(), String> {
+    let mut all: Vec<(AddrRange, usize)> = pools
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.ranges.iter().map(move |r| (*r, i)))
+        .collect();
+    all.sort();
+    for w in all.windows(2) {
+        if w[1].0.first <= w[0].0.last {
+            return Err(format!(
+                "pools '{}' and '{}' overlap (both contain {}); an address may belong to one pool only",
+                pools[w[0].1].name,
+                pools[w[1].1].name,
+                Ipv4Addr::from(w[1].0.first)
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,256 @@
+use std::{net::Ipv4Addr, path::Path};
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("/etc/aliasnet/ipamd.toml"))
+}
+
+fn err(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+const FULL: &str = r#"
+socket = "/run/aliasnet/ipamd.sock"
+state_dir = "/var/lib/aliasnet/ipam"
+spool_dir = "/var/lib/aliasnet/spool"
+cooldown = "130s"
+on_only_cooling = "fail"
+host_veth_prefix = "ali"
+log_level = "info"
+[[pool]]
+name = "secondary"
+source = "static"
+cidrs = ["10.240.1.0/24"]
+ranges = ["10.240.2.10-10.240.2.20"]
+ips = ["10.240.3.7"]
+exclude = ["10.240.1.0/30", "10.240.1.255"]
+"#;
+
+#[test]
+fn full_example_parses() {
+    let c = parse(FULL).unwrap();
+    assert_eq!(c.cooldown, Duration::from_secs(130));
+    assert_eq!(c.on_only_cooling, OnOnlyCooling::Fail);
+    assert_eq!(c.pools.len(), 1);
+    let p = &c.pools[0];
+    // 256 - 4 - 1 + 11 + 1
+    assert_eq!(p.size, 263);
+    assert_eq!(p.ranges[0].to_string(), "10.240.1.4-10.240.1.254");
+    assert_eq!(p.ranges[1].to_string(), "10.240.2.10-10.240.2.20");
+    assert_eq!(p.ranges[2].to_string(), "10.240.3.7");
+    assert!(c.warnings.is_empty());
+}
+
+#[test]
+fn defaults_apply() {
+    let c = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
+    assert_eq!(c.socket, Path::new("/run/aliasnet/ipamd.sock"));
+    assert_eq!(c.cooldown, DEFAULT_COOLDOWN);
+    assert_eq!(c.host_veth_prefix, "ali");
+}
+
+#[test]
+fn durations() {
+    assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+    assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+    assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+    assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+    assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+    assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+    for bad in ["", "10", "s", "10x", "1.5s", "-1s"] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn invalid_configs_name_the_field() {
+    let pool = |body: &str| format!("[[pool]]\nname=\"p\"\nsource=\"static\"\n{body}\n");
+    let cases = [
+        (pool("cidrs=[\"10.0.0.0/33\"]"), "cidrs[0]"),
+        (pool("cidrs=[\"10.0.0.5/24\"]"), "did you mean 10.0.0.0/24"),
+        (pool("cidrs=[\"banana\"]"), "cidrs[0]"),
+        (pool("ranges=[\"10.0.0.9-10.0.0.1\"]"), "ranges[0]"),
+        (pool("ips=[\"10.0.0.256\"]"), "ips[0]"),
+        (pool("exclude=[\"10.0.0.1\"]"), "no addresses"),
+        (
+            pool("ips=[\"10.0.0.1\"]\nexclude=[\"10.0.0.0/24\"]"),
+            "pool would be empty",
+        ),
+        (pool("ips=[\"10.0.0.1\"]\nmtu=5"), "unknown field `mtu`"),
+        (
+            format!("colour=\"red\"\n{}", pool("ips=[\"10.0.0.1\"]")),
+            "unknown field `colour`",
+        ),
+        (
+            format!("cooldown=\"soon\"\n{}", pool("ips=[\"10.0.0.1\"]")),
+            "`cooldown`",
+        ),
+        (
+            format!("on_only_cooling=\"panic\"\n{}", pool("ips=[\"10.0.0.1\"]")),
+            "on_only_cooling",
+        ),
+        (
+            format!("host_veth_prefix=\"a/b\"\n{}", pool("ips=[\"10.0.0.1\"]")),
+            "`host_veth_prefix`",
+        ),
+        (
+            format!("state_dir=\"relative\"\n{}", pool("ips=[\"10.0.0.1\"]")),
+            "`state_dir`",
+        ),
+        (
+            format!(
+                "{}{}",
+                pool("ips=[\"10.0.0.1\"]"),
+                pool("ips=[\"10.0.0.2\"]")
+            ),
+            "duplicate pool name 'p'",
+        ),
+        (
+            pool("cidrs=[\"10.0.0.0/24\"]\nips=[\"10.0.0.7\"]"),
+            "overlaps",
+        ),
+        (
+            "[[pool]]\nname=\"p\"\nsource=\"azure\"\nips=[\"10.0.0.1\"]\n".to_owned(),
+            "unknown source",
+        ),
+        (
+            "[[pool]]\nname=\"\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n".to_owned(),
+            "pool[0].name",
+        ),
+        ("socket=\"/run/x.sock\"\n".to_owned(), "no [[pool]]"),
+        (pool("cidrs=[\"10.0.0.0/8\"]"), "at most"),
+    ];
+    for (text, want) in cases {
+        let e = err(&text);
+        assert!(
+            e.contains(want),
+            "config:\n{text}\nerror {e:?} lacks {want:?}"
+        );
+        assert!(e.contains("/etc/aliasnet/ipamd.toml"), "{e}");
+    }
+}
+
+#[test]
+fn overlapping_pools_are_refused() {
+    let e = err(
+        "[[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/24\"]\n\
+         [[pool]]\nname=\"b\"\nsource=\"static\"\nranges=[\"10.0.0.200-10.0.1.5\"]\n",
+    );
+    assert!(e.contains("pools 'a' and 'b' overlap"), "{e}");
+    assert!(e.contains("10.0.0.200"), "{e}");
+}
+
+#[test]
+fn excluded_addresses_may_belong_to_another_pool() {
+    let c = parse(
+        "[[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/24\"]\nexclude=[\"10.0.0.5\"]\n\
+         [[pool]]\nname=\"b\"\nsource=\"static\"\nips=[\"10.0.0.5\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.total_addresses(), 256);
+}
+
+#[test]
+fn exclusion_outside_pool_warns() {
+    let c = parse(
+        "[[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/30\"]\nexclude=[\"10.9.9.9\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+}
+
+#[test]
+fn prefix_and_metadata_pools() {
+    let c = parse(
+        "metrics_address = \"\"\nreconcile_interval = \"0s\"\nreconcile_grace = \"2m\"\n\
+         [[pool]]\nname=\"blocks\"\nsource=\"prefixes\"\nprefixes=[\"10.64.0.0/28\", \"10.64.0.16/28\"]\n\
+         [[pool]]\nname=\"nic\"\nsource=\"azure-imds\"\nexclude=[\"10.1.0.9\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.metrics_address, None);
+    assert_eq!(c.reconcile_interval, Duration::ZERO);
+    assert_eq!(c.reconcile_grace, Duration::from_secs(120));
+    assert_eq!(c.pools[0].source, PoolSource::Prefixes);
+    assert_eq!(c.pools[0].size, 32);
+    let imds = c.pools[1].imds.as_ref().unwrap();
+    assert_eq!(imds.url, DEFAULT_IMDS_URL);
+    assert_eq!(imds.authority, "169.254.169.254:80");
+    assert_eq!(imds.refresh_min, Duration::from_secs(4));
+    assert_eq!(imds.refresh_max, Duration::from_secs(1024));
+    assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9))));
+    let d = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
+    assert_eq!(d.metrics_address, Some("127.0.0.1:9545".parse().unwrap()));
+    assert_eq!(d.reconcile_grace, DEFAULT_RECONCILE_GRACE);
+}
+
+#[test]
+fn invalid_new_keys_name_the_field() {
+    let p = |src: &str, body: &str| format!("[[pool]]\nname=\"p\"\nsource=\"{src}\"\n{body}\n");
+    let cases = [
+        (p("prefixes", "prefixes=[\"10.64.0.1/28\"]"), "prefixes[0]"),
+        (p("prefixes", ""), "lists no blocks"),
+        (
+            p("prefixes", "cidrs=[\"10.64.0.0/28\"]"),
+            "pool 'p'.cidrs`: not used by source \"prefixes\"",
+        ),
+        (
+            p("static", "prefixes=[\"10.64.0.0/28\"]\nips=[\"10.0.0.1\"]"),
+            "'p'.prefixes",
+        ),
+        (p("azure-imds", "ips=[\"10.0.0.1\"]"), "'p'.ips"),
+        (
+            p("azure-imds", "url=\"https://169.254.169.254/x\""),
+            "must start with http://",
+        ),
+        (
+            p("azure-imds", "url=\"http://10.0.0.1/x\""),
+            "neither loopback",
+        ),
+        (
+            p("azure-imds", "url=\"http://metadata/x\""),
+            "IPv4 address literal",
+        ),
+        (p("azure-imds", "url=\"http://127.0.0.1:0/x\""), "bad port"),
+        (p("azure-imds", "refresh_min=\"10ms\""), "refresh_min"),
+        (
+            p("azure-imds", "refresh_min=\"10s\"\nrefresh_max=\"5s\""),
+            "refresh_max",
+        ),
+        (p("azure-imds", "timeout=\"0s\""), "timeout"),
+        (
+            format!(
+                "metrics_address=\"localhost\"\n{}",
+                p("static", "ips=[\"10.0.0.1\"]")
+            ),
+            "`metrics_address`",
+        ),
+        (
+            format!(
+                "reconcile_grace=\"1s\"\n{}",
+                p("static", "ips=[\"10.0.0.1\"]")
+            ),
+            "`reconcile_grace`",
+        ),
+        (
+            format!(
+                "reconcile_interval=\"10ms\"\n{}",
+                p("static", "ips=[\"10.0.0.1\"]")
+            ),
+            "`reconcile_interval`",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = err(&text);
+        assert!(
+            e.contains(want),
+            "config:\n{text}\nerror {e:?} lacks {want:?}"
+        );
+    }
+}
+
+#[test]
+fn a_slash_14_fits() {
+    let c = parse("[[pool]]\nname=\"big\"\nsource=\"static\"\ncidrs=[\"10.64.0.0/14\"]\n").unwrap();
+    assert_eq!(c.total_addresses(), 262_144);
+}

@@ -1,0 +1,158 @@
+//! Laying the state loaded from disk over the configured pools.
+
+use std::collections::HashSet;
+
+use aliasnet_ipam_proto::{Lease, RECOVERED_NETWORK};
+
+use crate::{config::Config, reconcile::is_ours, store::Loaded};
+
+use super::{
+    ms,
+    pool::{locate_span, Pool, Slot},
+    State,
+};
+
+/// What loading found, for the start-up log.
+#[derive(Debug, Default)]
+pub struct LoadReport {
+    pub leases: usize,
+    pub cooling: usize,
+    /// Leases whose address is in no configured pool (kept, never handed out again).
+    pub orphans: Vec<Lease>,
+    /// Links whose deletion a crash interrupted; queue them again.
+    pub teardowns: Vec<Box<str>>,
+    /// Leases rebuilt by `recover` (key unknown).
+    pub recovered: usize,
+}
+
+impl State {
+    /// Lay the state loaded from disk over the configured pools.
+    pub fn from_loaded(config: &Config, loaded: Loaded, now_ms: u64) -> (Self, LoadReport) {
+        let mut st = Self::new(config);
+        let mut report = LoadReport::default();
+        let Loaded {
+            names,
+            leases,
+            cooling,
+            ..
+        } = loaded;
+        // Map the loaded pool-name table onto ours once, not per lease.
+        let name_map: Vec<u16> = names.iter().map(|n| st.intern(n)).collect();
+        // Take the loaded table as is: re-inserting 200,000 leases would double the load time.
+        st.leases = leases;
+        let mut orphan_ids = Vec::new();
+        let ids: Vec<u32> = st.leases.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            let e = st.leases.get_mut(id);
+            let recorded = name_map
+                .get(usize::from(e.pool_name))
+                .copied()
+                .unwrap_or(u16::MAX);
+            let addr = e.addr;
+            let placed = match locate_span(&st.spans, addr) {
+                Some(found) => Some(found),
+                None => {
+                    // A metadata pool's lease: its slot exists from now on, absent until the
+                    // pool's first read lists the address.
+                    let p = usize::from(recorded);
+                    if st.pools.get(p).is_some_and(Pool::dynamic) {
+                        st.dyn_slot(p, addr)
+                    } else {
+                        None
+                    }
+                }
+            };
+            let e = st.leases.get_mut(id);
+            match placed {
+                Some((p, idx)) => {
+                    e.pool_name = p as u16;
+                    let pool = &mut st.pools[p];
+                    pool.free.take(idx as usize);
+                    pool.slots[idx as usize] = Slot::Leased;
+                    pool.leased += 1;
+                    if !pool.is_present(idx) {
+                        pool.missing += 1;
+                    }
+                }
+                None => {
+                    e.pool_name = recorded;
+                    st.orphans += 1;
+                    orphan_ids.push(id);
+                }
+            }
+            if e.network_is(RECOVERED_NETWORK) {
+                if let Some(v) = e.host_veth() {
+                    st.recovered.insert(v.into(), id);
+                    report.recovered += 1;
+                }
+            }
+        }
+        for id in orphan_ids {
+            report.orphans.push(st.lease_of(id));
+        }
+        report.leases = st.leases.len();
+
+        // Links still to delete that a live lease uses again (deleted and re-created since):
+        // a scan of the leases against the few pending links, no string per lease.
+        let pending: HashSet<&str> = cooling.values().filter_map(|(_, l)| l.as_deref()).collect();
+        let mut live_veths: HashSet<String> = HashSet::new();
+        if !pending.is_empty() {
+            for (_, e) in st.leases.iter() {
+                match e.host_veth_field() {
+                    Some(crate::lease::Field::Raw(name)) if pending.contains(name) => {
+                        live_veths.insert(name.to_owned());
+                    }
+                    Some(crate::lease::Field::Raw(_)) | None => {}
+                    Some(other) => {
+                        let name = other.to_string_lossless();
+                        if pending.contains(name.as_str()) {
+                            live_veths.insert(name);
+                        }
+                    }
+                }
+            }
+        }
+        let mut cooling: Vec<(u32, u64, Option<Box<str>>)> =
+            cooling.into_iter().map(|(a, (t, l))| (a, t, l)).collect();
+        cooling.sort_by_key(|(a, t, _)| (*t, *a));
+        let mut holds = Vec::new();
+        for (addr, at, link) in cooling {
+            // A link a live lease uses again was already deleted and re-created: keep it.
+            // A name that is not ours (written by an older daemon that deleted whatever a
+            // request named) is never deleted.
+            let link = link.filter(|l| !live_veths.contains(&**l) && is_ours(l, &st.veth_prefix));
+            // A clock that went backwards must not stretch the cooldown without bound.
+            let at = at.min(now_ms);
+            match st.locate(addr) {
+                Some((p, idx)) => {
+                    let pool = &mut st.pools[p];
+                    if pool.slots[idx as usize] == Slot::Free {
+                        pool.free.take(idx as usize);
+                        pool.slots[idx as usize] = Slot::Cooling;
+                        pool.cooling.push_back((idx, at));
+                        report.cooling += 1;
+                        if let Some(l) = &link {
+                            holds.push((addr, l.clone()));
+                        }
+                    }
+                }
+                None => {
+                    if at.saturating_add(ms(st.cooldown)) > now_ms {
+                        st.unplaced_cooling.insert(addr, at);
+                        report.cooling += 1;
+                    }
+                }
+            }
+            if let Some(l) = link {
+                st.teardowns.entry(l).or_default();
+            }
+        }
+        for (addr, l) in holds {
+            st.holds.insert(addr, l.clone());
+            st.teardowns.entry(l).or_default().push(addr);
+        }
+        report.teardowns = st.teardowns.keys().cloned().collect();
+        st.expire(now_ms);
+        (st, report)
+    }
+}

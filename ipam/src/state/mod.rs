@@ -1,0 +1,326 @@
+//! The allocator: pools, leases, cooldown and pending link teardowns, in memory.
+//!
+//! Pure and synchronous (time is a parameter), so it can be unit- and property-tested. The
+//! daemon keeps it under a short mutex and never holds that across disk I/O: a change is made
+//! here first as *pending* (the address is reserved so no other key can take it, but readers do
+//! not see it), its record goes to the writer, and the writer then calls [`State::commit`] or
+//! [`State::abort`].
+//!
+//! Address life cycle per slot:
+//! `Free -> Leased -> Cooling (FIFO, for the cooldown) -> Free`, with a detour through `Held`
+//! when the cooldown ends while the old host veth is still being deleted (its /32 route still
+//! points at the old veth until then).
+//!
+//! Metadata pools (`azure-imds`) learn their addresses at run time ([`State::apply_metadata`]).
+//! Each address gets a slot when first seen and keeps it; a slot is *present* while the last
+//! good read lists it. A slot is in the free bitmap exactly when it is `Free` and present, so
+//! an address that left the metadata is never handed out, whatever state it was in: a free
+//! one leaves the pool at once, a leased one (reported as *missing*) stays with its pod and,
+//! once released, cools down and then stays out until the metadata lists it again.
+
+mod alloc;
+mod load;
+mod metadata;
+mod pool;
+mod release;
+mod report;
+mod snapshot;
+#[cfg(test)]
+mod tests;
+
+use std::{collections::HashMap, net::Ipv4Addr, time::Duration};
+
+use aliasnet_ipam_proto::{AttachmentKey, ErrorKind, Lease, PodRef, RECOVERED_NETWORK};
+
+use crate::{
+    config::{Config, OnOnlyCooling},
+    lease::{encode_key, LeaseEntry, LeaseState, LeaseTable},
+    store::record::Record,
+};
+
+pub use load::LoadReport;
+pub use metadata::MetadataChange;
+use pool::{locate_span, Pool, Slot, Span};
+pub use report::PoolCounts;
+
+/// A request the allocator turns down; maps 1:1 to a protocol error reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn bad(message: String) -> Self {
+        Self::new(ErrorKind::BadRequest, message)
+    }
+}
+
+/// Allocate arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct AllocRequest<'a> {
+    pub key: &'a AttachmentKey,
+    pub pod: &'a PodRef,
+    pub pool: Option<&'a str>,
+    pub host_veth: Option<&'a str>,
+}
+
+#[derive(Debug)]
+pub enum AllocStep {
+    /// The key already holds this lease (idempotent repeat).
+    Existing(Lease),
+    /// A new reservation: durable once `record` is committed.
+    Fresh { lease: Lease, record: Record },
+    /// Something this request depends on is in flight; retry after the next change.
+    Wait(String),
+}
+
+#[derive(Debug)]
+pub enum ReleaseStep {
+    /// The key holds nothing. `teardown` is a link newly queued for deletion.
+    NotFound {
+        teardown: Option<Box<str>>,
+    },
+    Fresh {
+        record: Record,
+        address: Ipv4Addr,
+        pool: String,
+    },
+    Wait(String),
+}
+
+pub struct State {
+    cooldown: Duration,
+    gc_grace_ms: u64,
+    policy: OnOnlyCooling,
+    veth_prefix: String,
+    pools: Vec<Pool>,
+    spans: Vec<Span>,
+    /// Addresses of metadata pools -> (pool, slot).
+    dynamic: HashMap<u32, (usize, u32)>,
+    /// Pool names: the configured pools first, then names only old records mention.
+    names: Vec<Box<str>>,
+    leases: LeaseTable,
+    orphans: usize,
+    /// Address -> link whose deletion it waits for.
+    holds: HashMap<u32, Box<str>>,
+    /// Link being deleted -> addresses held until it is gone.
+    teardowns: HashMap<Box<str>, Vec<u32>>,
+    /// Pending allocations that took a cooling address (`reuse-oldest`): address -> release
+    /// time, so an abort puts it back to cool instead of freeing it early.
+    reused: HashMap<u32, u64>,
+    /// Released addresses in no pool yet (a metadata pool's, before its first read after a
+    /// restart): address -> release time. They cool down when the metadata lists them again.
+    unplaced_cooling: HashMap<u32, u64>,
+    /// Recovered leases (key unknown) by host veth -> lease id.
+    recovered: HashMap<Box<str>, u32>,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl State {
+    /// An empty state over the configured pools.
+    pub fn new(config: &Config) -> Self {
+        let pools: Vec<Pool> = config.pools.iter().cloned().map(Pool::new).collect();
+        let mut spans: Vec<Span> = pools
+            .iter()
+            .enumerate()
+            .flat_map(|(p, pool)| {
+                pool.spec
+                    .ranges
+                    .iter()
+                    .zip(&pool.bases)
+                    .map(move |(r, b)| Span {
+                        first: r.first,
+                        last: r.last,
+                        pool: p,
+                        base: *b,
+                    })
+            })
+            .collect();
+        spans.sort_by_key(|s| s.first);
+        Self {
+            cooldown: config.cooldown,
+            gc_grace_ms: ms(config.gc_grace),
+            policy: config.on_only_cooling,
+            veth_prefix: config.host_veth_prefix.clone(),
+            names: pools.iter().map(|p| p.spec.name.as_str().into()).collect(),
+            pools,
+            spans,
+            dynamic: HashMap::new(),
+            leases: LeaseTable::default(),
+            orphans: 0,
+            holds: HashMap::new(),
+            teardowns: HashMap::new(),
+            reused: HashMap::new(),
+            unplaced_cooling: HashMap::new(),
+            recovered: HashMap::new(),
+        }
+    }
+
+    fn intern(&mut self, name: &str) -> u16 {
+        if let Some(i) = self.names.iter().position(|n| &**n == name) {
+            return i as u16;
+        }
+        self.names.push(name.into());
+        // Bounded: MAX_POOLS configured names plus the few that old records mention.
+        u16::try_from(self.names.len() - 1).unwrap_or(u16::MAX)
+    }
+
+    fn locate(&self, addr: u32) -> Option<(usize, u32)> {
+        locate_span(&self.spans, addr).or_else(|| self.dynamic.get(&addr).copied())
+    }
+
+    fn pool_name(&self, e: &LeaseEntry) -> &str {
+        self.names.get(e.pool_name as usize).map_or("", |n| &**n)
+    }
+
+    fn lease_of(&self, id: u32) -> Lease {
+        let e = self.leases.get(id);
+        let mut l = e.to_lease(self.pool_name(e));
+        if let Some((p, idx)) = self.locate(e.addr) {
+            let pool = &self.pools[p];
+            l.missing = pool.dynamic() && pool.synced && !pool.is_present(idx);
+        }
+        l
+    }
+
+    /// Move every address whose cooldown is over out of its pool's FIFO.
+    pub fn expire(&mut self, now_ms: u64) {
+        let cd = ms(self.cooldown);
+        for pool in &mut self.pools {
+            while let Some(&(idx, at)) = pool.cooling.front() {
+                if at.saturating_add(cd) > now_ms {
+                    break;
+                }
+                pool.cooling.pop_front();
+                let addr = pool.addr_of(idx);
+                if self.holds.contains_key(&addr) {
+                    pool.slots[idx as usize] = Slot::Held;
+                    pool.held += 1;
+                } else {
+                    pool.make_free(idx);
+                }
+            }
+        }
+        if !self.unplaced_cooling.is_empty() {
+            self.unplaced_cooling
+                .retain(|_, at| at.saturating_add(cd) > now_ms);
+        }
+    }
+
+    /// A record is durable: make its change final. Returns a link to delete now, if any.
+    pub fn commit(&mut self, rec: &Record) -> Option<Box<str>> {
+        match rec {
+            Record::Alloc(a) => {
+                if let Some(id) = self.leases.find(a.key()) {
+                    self.leases.get_mut(id).state = LeaseState::Committed;
+                }
+                self.reused.remove(&a.addr);
+                None
+            }
+            Record::Release(r) => {
+                if let Some(id) = self.leases.find(&r.key) {
+                    let e = self.leases.remove(id);
+                    if e.network_is(RECOVERED_NETWORK) {
+                        if let Some(v) = e.host_veth() {
+                            self.recovered.remove(v.as_str());
+                        }
+                    }
+                }
+                match self.locate(r.addr) {
+                    Some((p, idx)) => {
+                        let pool = &mut self.pools[p];
+                        if !pool.is_present(idx) {
+                            pool.missing -= 1;
+                        }
+                        pool.slots[idx as usize] = Slot::Cooling;
+                        pool.leased -= 1;
+                        pool.push_cooling(idx, r.released_at_ms);
+                    }
+                    None => {
+                        self.orphans -= 1;
+                        self.unplaced_cooling.insert(r.addr, r.released_at_ms);
+                    }
+                }
+                let link = r.teardown.as_ref()?;
+                let fresh = !self.teardowns.contains_key(link);
+                let in_pool = self.locate(r.addr).is_some();
+                let held = self.teardowns.entry(link.clone()).or_default();
+                if in_pool {
+                    held.push(r.addr);
+                    self.holds.insert(r.addr, link.clone());
+                }
+                fresh.then(|| link.clone())
+            }
+            Record::Cooling(_) | Record::End { .. } => None,
+        }
+    }
+
+    /// A record could not be made durable: undo its in-memory reservation.
+    pub fn abort(&mut self, rec: &Record) {
+        match rec {
+            Record::Alloc(a) => {
+                let Some(id) = self.leases.find(a.key()) else {
+                    return;
+                };
+                self.leases.remove(id);
+                if let Some((p, idx)) = self.locate(a.addr) {
+                    let pool = &mut self.pools[p];
+                    pool.leased -= 1;
+                    if let Some(at) = self.reused.remove(&a.addr) {
+                        // Back into the FIFO at its place in time: the cooldown still runs.
+                        pool.slots[idx as usize] = Slot::Cooling;
+                        pool.push_cooling(idx, at);
+                    } else {
+                        pool.make_free(idx);
+                    }
+                }
+            }
+            Record::Release(r) => {
+                if let Some(id) = self.leases.find(&r.key) {
+                    self.leases.get_mut(id).state = LeaseState::Committed;
+                }
+            }
+            Record::Cooling(_) | Record::End { .. } => {}
+        }
+    }
+
+    /// True while the fresh allocation of `key` made at `allocated_at_ms` is committed and has
+    /// not been handed to anyone else (an idempotent repeat) since.
+    pub fn unseen_fresh(&self, key: &AttachmentKey, allocated_at_ms: u64) -> bool {
+        self.leases.find(&encode_key(key)).is_some_and(|id| {
+            let e = self.leases.get(id);
+            e.state == LeaseState::Committed && !e.seen && e.allocated_at_ms == allocated_at_ms
+        })
+    }
+
+    /// `link` is gone (or its deletion was given up): free what waited for it.
+    pub fn teardown_done(&mut self, link: &str) {
+        for addr in self.teardowns.remove(link).unwrap_or_default() {
+            self.holds.remove(&addr);
+            if let Some((p, idx)) = self.locate(addr) {
+                let pool = &mut self.pools[p];
+                if pool.slots[idx as usize] == Slot::Held {
+                    pool.held -= 1;
+                    pool.make_free(idx);
+                }
+            }
+        }
+    }
+
+    /// Whether a teardown of `link` is pending.
+    pub fn teardown_pending(&self, link: &str) -> bool {
+        self.teardowns.contains_key(link)
+    }
+}

@@ -1,0 +1,192 @@
+//! Read-only views: checks, lease listings, per-pool stats, counts and status.
+
+use aliasnet_ipam_proto::{AttachmentKey, Lease, PoolStats};
+
+use crate::{
+    config::OnOnlyCooling,
+    lease::{encode_key, validate_key, LeaseEntry, LeaseState},
+};
+
+use super::{ms, Refusal, State};
+
+/// Per-pool numbers for metrics, all read in one pass under the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub name: String,
+    pub size: u64,
+    /// Leased and present.
+    pub allocated: u64,
+    /// Cooling, not counting `pending_teardown`.
+    pub cooling: u64,
+    pub pending_teardown: u64,
+    pub free: u64,
+    pub missing: u64,
+}
+
+impl State {
+    /// The acknowledged lease of `key`, if any (or the recovered lease of its host veth). A
+    /// change still in flight is not visible.
+    pub fn check(&self, key: &AttachmentKey) -> Result<Option<Lease>, Refusal> {
+        validate_key(key).map_err(Refusal::bad)?;
+        let id = self
+            .leases
+            .find(&encode_key(key))
+            .or_else(|| self.recovered_for(key, None));
+        Ok(id
+            .filter(|id| self.leases.get(*id).state != LeaseState::PendingAlloc)
+            .map(|id| self.lease_of(id)))
+    }
+
+    /// Every acknowledged lease, by address.
+    pub fn list(&self) -> Vec<Lease> {
+        self.leases
+            .after_addr(None)
+            .filter(|(_, id)| self.leases.get(*id).state != LeaseState::PendingAlloc)
+            .map(|(_, id)| self.lease_of(id))
+            .collect()
+    }
+
+    /// Acknowledged leases with an address above `after`, at most `limit` and at most about
+    /// `max_bytes` of JSON; and the address to continue after, if more may follow.
+    pub fn list_page(
+        &self,
+        after: Option<u32>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> (Vec<Lease>, Option<u32>) {
+        let mut out = Vec::with_capacity(limit.min(self.leases.len()));
+        let mut bytes = 0;
+        let mut last = None;
+        for (addr, id) in self.leases.after_addr(after) {
+            let e = self.leases.get(id);
+            if e.state == LeaseState::PendingAlloc {
+                continue;
+            }
+            let size = e.json_size_hint();
+            if out.len() >= limit || (bytes + size > max_bytes && !out.is_empty()) {
+                return (out, last);
+            }
+            bytes += size;
+            out.push(self.lease_of(id));
+            last = Some(addr);
+        }
+        (out, None)
+    }
+
+    /// Visit acknowledged leases by address above `after`, at most `limit` of them (bounded
+    /// work under the lock); returns where to continue, `None` at the end.
+    pub fn scan_leases(
+        &self,
+        after: Option<u32>,
+        limit: usize,
+        mut f: impl FnMut(u32, &LeaseEntry),
+    ) -> Option<u32> {
+        let mut last = None;
+        for (scanned, (addr, id)) in self.leases.after_addr(after).enumerate() {
+            if scanned >= limit {
+                return last;
+            }
+            last = Some(addr);
+            let e = self.leases.get(id);
+            if e.state != LeaseState::PendingAlloc {
+                f(addr, e);
+            }
+        }
+        None
+    }
+
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Names of the configured pools (only the metadata ones with `metadata_only`).
+    pub fn pool_names(&self, metadata_only: bool) -> Vec<String> {
+        self.pools
+            .iter()
+            .filter(|p| !metadata_only || p.dynamic())
+            .map(|p| p.spec.name.clone())
+            .collect()
+    }
+
+    pub fn cooldown_ms(&self) -> u64 {
+        ms(self.cooldown)
+    }
+
+    /// Whether any lease was rebuilt by `recover` (key unknown).
+    pub fn has_recovered(&self) -> bool {
+        !self.recovered.is_empty()
+    }
+
+    pub fn orphan_count(&self) -> usize {
+        self.orphans
+    }
+
+    pub fn veth_prefix(&self) -> &str {
+        &self.veth_prefix
+    }
+
+    /// Links waiting to be deleted.
+    pub fn pending_teardowns(&self) -> Vec<Box<str>> {
+        self.teardowns.keys().cloned().collect()
+    }
+
+    pub fn stats(&mut self, now_ms: u64) -> Vec<PoolStats> {
+        self.expire(now_ms);
+        self.pools
+            .iter()
+            .map(|p| PoolStats {
+                name: p.spec.name.clone(),
+                source: p.spec.source.to_string(),
+                total: p.size(),
+                allocated: p.leased as u64,
+                cooling: p.cooling_count() as u64,
+                free: p.free.free_count() as u64,
+                pending_teardown: p.held as u64,
+                missing: p.reported_missing() as u64,
+                metadata: p.metadata.clone(),
+            })
+            .collect()
+    }
+
+    /// Disjoint per-state counts of every pool (metrics).
+    pub fn counts(&mut self, now_ms: u64) -> Vec<PoolCounts> {
+        self.expire(now_ms);
+        self.pools
+            .iter()
+            .map(|p| PoolCounts {
+                name: p.spec.name.clone(),
+                size: p.size(),
+                allocated: (p.leased - p.reported_missing()) as u64,
+                cooling: p.cooling.len() as u64,
+                pending_teardown: p.held as u64,
+                free: p.free.free_count() as u64,
+                missing: p.reported_missing() as u64,
+            })
+            .collect()
+    }
+
+    /// Could an Allocate (restricted to `pool`) succeed now? (ready, free, reason)
+    pub fn status(
+        &mut self,
+        pool: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(bool, u64, Option<String>), Refusal> {
+        let eligible = self.eligible(pool)?;
+        self.expire(now_ms);
+        let free: u64 = eligible
+            .iter()
+            .map(|&p| self.pools[p].free.free_count() as u64)
+            .sum();
+        let soon = eligible.iter().any(|&p| {
+            let pl = &self.pools[p];
+            pl.held > 0
+                || (self.policy == OnOnlyCooling::ReuseOldest
+                    && pl.cooling.iter().any(|(i, _)| pl.is_present(*i)))
+        });
+        if free > 0 || soon {
+            Ok((true, free, None))
+        } else {
+            Ok((false, 0, Some(self.exhausted(&eligible, now_ms).message)))
+        }
+    }
+}
