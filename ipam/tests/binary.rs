@@ -6,7 +6,6 @@
 mod common;
 
 use std::{
-    os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
@@ -14,47 +13,19 @@ use std::{
 
 use aliasnet_ipam_proto::{Client, Request, Response};
 use common::*;
-use nix::{sched::CloneFlags, sys::signal, unistd::Pid};
-
-const BIN: &str = env!("CARGO_BIN_EXE_aliasnet-ipamd");
-
-fn command(args: &[&str]) -> Command {
-    let mut c = Command::new(BIN);
-    c.args(args).stdin(Stdio::null());
-    // SAFETY: unshare is async-signal-safe and touches only the child.
-    unsafe {
-        c.pre_exec(|| nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from));
-    }
-    c
-}
+use nix::{sys::signal, unistd::Pid};
 
 fn run(args: &[&str]) -> Output {
-    command(args).output().unwrap()
+    daemon_command(args).output().unwrap()
 }
 
 fn spawn(config: &Path) -> Child {
-    let child = command(&["--config", config.to_str().unwrap()])
+    let child = daemon_command(&["--config", config.to_str().unwrap()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     child
-}
-
-fn wait_ready(socket: &Path, child: &mut Child) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(mut c) = Client::connect(socket, Duration::from_secs(2)) {
-            if c.call(&Request::Stats).is_ok() {
-                return;
-            }
-        }
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("daemon exited during start: {st}");
-        }
-        assert!(Instant::now() < deadline, "daemon not ready");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn terminate(mut child: Child) -> std::process::ExitStatus {
@@ -269,10 +240,8 @@ impl Drop for Mount {
 /// the state holds exactly the acknowledged leases.
 #[test]
 fn a_full_disk_fails_the_request_and_loses_nothing_acknowledged() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
-        return;
-    }
+    // Mounting a tmpfs needs root.
+    aliasnet_tests::require_root();
     let env = Env::new("", "cidrs = [\"10.240.0.0/16\"]");
     let state = env.state_dir().to_path_buf();
     std::fs::create_dir_all(&state).unwrap();

@@ -11,9 +11,8 @@ mod common;
 use std::{
     collections::{HashMap, HashSet},
     net::Ipv4Addr,
-    os::unix::process::CommandExt,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc, Mutex, RwLock,
@@ -23,9 +22,7 @@ use std::{
 
 use aliasnet_ipam_proto::{Client, Request, Response};
 use common::*;
-use nix::sched::CloneFlags;
 
-const BIN: &str = env!("CARGO_BIN_EXE_aliasnet-ipamd");
 const KEYS: usize = 1000;
 const CLIENTS: usize = 24;
 /// Whole test budget.
@@ -42,33 +39,11 @@ enum KeyState {
 }
 
 fn spawn(config: &Path) -> Child {
-    let mut c = Command::new(BIN);
-    c.args(["--config", config.to_str().unwrap()])
-        .stdin(Stdio::null())
+    daemon_command(&["--config", config.to_str().unwrap()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: unshare is async-signal-safe and touches only the child.
-    unsafe {
-        c.pre_exec(|| nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from));
-    }
-    c.spawn().unwrap()
-}
-
-/// Wait until the daemon answers; panics if it exits (the state did not load).
-fn wait_ready(socket: &Path, child: &mut Child) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        if let Ok(mut c) = Client::connect(socket, Duration::from_secs(5)) {
-            if c.call(&Request::Stats).is_ok() {
-                return t0.elapsed();
-            }
-        }
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("the daemon exited during start ({st}): the state did not load");
-        }
-        assert!(t0.elapsed() < Duration::from_secs(20), "daemon not ready");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 struct Rng(u64);

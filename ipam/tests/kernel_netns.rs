@@ -155,6 +155,7 @@ async fn scenario() {
 
 #[test]
 fn recover_and_reconcile_read_the_real_kernel() {
+    aliasnet_tests::require_root();
     std::thread::spawn(|| {
         nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");
         let rt = tokio::runtime::Builder::new_current_thread()

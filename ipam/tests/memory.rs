@@ -8,8 +8,8 @@ mod common;
 
 use std::{
     io::{Read, Write},
-    os::unix::{net::UnixStream, process::CommandExt},
-    process::{Command, Stdio},
+    os::unix::net::UnixStream,
+    process::Stdio,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -17,11 +17,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aliasnet_ipam_proto::{frame::MAX_FRAME, Client, Request, Response};
+use aliasnet_ipam_proto::{frame::MAX_FRAME, Client, Response};
 use common::*;
-use nix::{sched::CloneFlags, sys::signal, unistd::Pid};
+use nix::{sys::signal, unistd::Pid};
 
-const BIN: &str = env!("CARGO_BIN_EXE_aliasnet-ipamd");
 /// Peak resident memory the daemon may reach under the attack.
 const RSS_BOUND_MIB: u64 = 96;
 
@@ -90,28 +89,13 @@ fn worst_case_frames_from_many_clients_keep_rss_bounded_and_adds_succeed() {
         .unwrap_or(32);
     let env = Env::new("reconcile_interval = \"0s\"", "cidrs = [\"10.240.0.0/20\"]");
     let socket = env.socket();
-    let mut cmd = Command::new(BIN);
-    cmd.args(["--config", env.config_path().to_str().unwrap()])
-        .stdin(Stdio::null())
+    let mut child = daemon_command(&["--config", env.config_path().to_str().unwrap()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: unshare is async-signal-safe and touches only the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Client::connect(&socket, Duration::from_secs(1))
-        .and_then(|mut c| c.call(&Request::Stats))
-        .is_err()
-    {
-        assert!(child.try_wait().unwrap().is_none(), "daemon exited");
-        assert!(Instant::now() < deadline, "daemon not ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_ready(&socket, &mut child);
     let baseline = status_kib(pid, "VmRSS:");
 
     let payloads = Arc::new(payloads());

@@ -252,6 +252,7 @@ async fn attacks() {
 
 /// Run `f` on a thread of its own in a new network namespace (which goes with the thread).
 fn in_netns<F: std::future::Future<Output = ()> + 'static>(f: fn() -> F) {
+    aliasnet_tests::require_root();
     std::thread::spawn(move || {
         nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -275,6 +276,7 @@ fn only_our_own_veths_are_ever_deleted() {
 
 #[test]
 fn release_and_gc_delete_host_veths_before_reuse() {
+    aliasnet_tests::require_root();
     std::thread::spawn(|| {
         // This thread (and the runtime it drives) lives in its own netns from here on.
         nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");

@@ -1,5 +1,6 @@
-//! Shared helpers of the daemon tests: a config in a temp dir, a recording link remover, and
-//! blocking protocol calls run off the async runtime.
+//! Shared helpers of the daemon tests: a config in a temp dir, a recording link remover,
+//! blocking protocol calls run off the async runtime, and the daemon binary started through
+//! the test fabric (`aliasnet_tests::ipamd`).
 #![allow(dead_code)] // Each test binary uses a different subset.
 
 use std::{
@@ -14,6 +15,23 @@ use aliasnet_ipam::{
     teardown::{LinkInfo, LinkRemover, ListFuture, RemoveFuture, Removed},
 };
 use aliasnet_ipam_proto::{AttachmentKey, Client, ClientError, Lease, PodRef, Request, Response};
+
+/// The daemon binary of this package.
+pub const BIN: &str = env!("CARGO_BIN_EXE_aliasnet-ipamd");
+
+/// `aliasnet-ipamd ARGS` in a network namespace of its own (unshared for the child), so its
+/// netlink socket can never touch the host's interfaces.
+pub fn daemon_command(args: &[&str]) -> std::process::Command {
+    aliasnet_tests::ipamd::unshared_command(Path::new(BIN), args)
+}
+
+/// Wait until the daemon answers; panics if it exits first (the state did not load) or is
+/// not serving after 20 s. Returns the time it took.
+#[track_caller]
+pub fn wait_ready(socket: &Path, child: &mut std::process::Child) -> Duration {
+    aliasnet_tests::ipamd::wait_ready(socket, child, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("daemon not ready: {e}"))
+}
 
 /// Records link deletions instead of touching any interface; optionally slow, like the kernel.
 /// With `links` set it also plays the kernel's link list (a deleted link leaves it).
