@@ -16,11 +16,26 @@ profile=${ALIASNET_TEST_PROFILE:-ci}
 cargo build --profile "$profile" --locked --workspace --bins
 export ALIASNET_BIN_DIR="$PWD/target/$profile"
 threads=${TEST_THREADS:-4}
-cargo test --profile "$profile" --workspace -- --test-threads="$threads"
+# Every cargo test run's "test result:" lines are kept; their totals are printed at the end,
+# also when a run fails (the script still exits with the failure). Tests that need root or a
+# tool fail without them, so "passed" counts only tests that ran.
+results=$(mktemp)
+totals() {
+  local rc=$?
+  awk '/^test result:/ { for (i = 2; i <= NF; i++) {
+         if ($i ~ /^passed;/) p += $(i - 1); if ($i ~ /^failed;/) f += $(i - 1)
+         if ($i ~ /^ignored;/) g += $(i - 1) } }
+       END { printf "== cargo tests: %d ran, %d passed, %d failed, %d ignored\n", p + f, p, f, g }' "$results"
+  rm -f "$results"
+  exit "$rc"
+}
+trap totals EXIT
+cargo_test() { cargo test --profile "$profile" "$@" | tee -a "$results"; }
+cargo_test --workspace -- --test-threads="$threads"
 echo "== datapath suites on 1500-byte nodes"
 export ALIASNET_TEST_MTU=1500
-cargo test --profile "$profile" -p aliasnet-shaper --test shaping --test attach -- --test-threads="$threads"
-cargo test --profile "$profile" -p aliasnet-tests --test datapath --test foundation -- --test-threads="$threads"
+cargo_test -p aliasnet-shaper --test shaping --test attach -- --test-threads="$threads"
+cargo_test -p aliasnet-tests --test datapath --test foundation -- --test-threads="$threads"
 unset ALIASNET_TEST_MTU
 # Real runtimes (podman, containerd, containerd's CRI plugin at both MTUs), install.sh, the
 # manifests and the node image; podman and ctr again on 1500-byte nodes. Each run ends with
