@@ -2,6 +2,8 @@
 
 use std::{fmt, net::Ipv4Addr};
 
+use ipnet::Ipv4Net;
+
 /// An inclusive range of IPv4 addresses as host-order integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AddrRange {
@@ -16,6 +18,17 @@ impl AddrRange {
 
     pub fn is_empty(&self) -> bool {
         false
+    }
+}
+
+/// Every address of the prefix, network and broadcast included (pool addresses are routed
+/// /32s, so none is reserved).
+impl From<Ipv4Net> for AddrRange {
+    fn from(net: Ipv4Net) -> Self {
+        Self {
+            first: net.network().into(),
+            last: net.broadcast().into(),
+        }
     }
 }
 
@@ -35,7 +48,9 @@ impl fmt::Display for AddrRange {
 }
 
 /// Parse `a.b.c.d/n`, refusing host bits so a typo cannot silently widen or shift a pool.
-pub(super) fn parse_cidr(s: &str) -> Result<AddrRange, String> {
+///
+/// Split by hand rather than with `Ipv4Net::from_str` so each mistake gets its own message.
+pub(super) fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
     let (ip, len) = s
         .split_once('/')
         .ok_or_else(|| format!("{s:?} is not a CIDR (expected a.b.c.d/len)"))?;
@@ -43,24 +58,19 @@ pub(super) fn parse_cidr(s: &str) -> Result<AddrRange, String> {
         .trim()
         .parse()
         .map_err(|_| format!("{s:?}: {ip:?} is not an IPv4 address"))?;
-    let len: u32 = len
+    let net = len
         .trim()
-        .parse()
+        .parse::<u8>()
         .ok()
-        .filter(|l| *l <= 32)
+        .and_then(|len| Ipv4Net::new(ip, len).ok())
         .ok_or_else(|| format!("{s:?}: prefix length must be 0..=32"))?;
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    let first = u32::from(ip) & mask;
-    if first != u32::from(ip) {
+    if net.trunc() != net {
         return Err(format!(
-            "{s:?} has host bits set (did you mean {}/{len}?)",
-            Ipv4Addr::from(first)
+            "{s:?} has host bits set (did you mean {}?)",
+            net.trunc()
         ));
     }
-    Ok(AddrRange {
-        first,
-        last: first | !mask,
-    })
+    Ok(net)
 }
 
 pub(super) fn parse_ip(s: &str) -> Result<AddrRange, String> {

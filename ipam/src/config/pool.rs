@@ -134,7 +134,7 @@ pub(super) fn build_pool(
     let mut excl: Vec<AddrRange> = Vec::new();
     for (j, s) in rp.exclude.iter().enumerate() {
         let r = if s.contains('/') {
-            parse_cidr(s)
+            parse_cidr(s).map(AddrRange::from)
         } else {
             parse_ip(s)
         }
@@ -158,7 +158,9 @@ pub(super) fn build_pool(
     // Every configured range, remembering where it came from for duplicate messages.
     let mut parts: Vec<(AddrRange, String)> = Vec::new();
     for (j, s) in rp.cidrs.iter().enumerate() {
-        let r = parse_cidr(s).map_err(|m| (at(&format!("cidrs[{j}]")), m))?;
+        let r = parse_cidr(s)
+            .map_err(|m| (at(&format!("cidrs[{j}]")), m))?
+            .into();
         parts.push((r, format!("cidrs[{j}] {s:?}")));
     }
     for (j, s) in rp.ranges.iter().enumerate() {
@@ -170,7 +172,9 @@ pub(super) fn build_pool(
         parts.push((r, format!("ips[{j}] {s:?}")));
     }
     for (j, s) in rp.prefixes.iter().enumerate() {
-        let r = parse_cidr(s).map_err(|m| (at(&format!("prefixes[{j}]")), m))?;
+        let r = parse_cidr(s)
+            .map_err(|m| (at(&format!("prefixes[{j}]")), m))?
+            .into();
         parts.push((r, format!("prefixes[{j}] {s:?}")));
     }
     if parts.is_empty() {

@@ -254,3 +254,37 @@ fn a_slash_14_fits() {
     let c = parse("[[pool]]\nname=\"big\"\nsource=\"static\"\ncidrs=[\"10.64.0.0/14\"]\n").unwrap();
     assert_eq!(c.total_addresses(), 262_144);
 }
+
+#[test]
+fn cidr_messages_name_the_mistake() {
+    use super::addr::parse_cidr;
+    let e = |s: &str| parse_cidr(s).unwrap_err();
+    assert_eq!(
+        e("banana"),
+        "\"banana\" is not a CIDR (expected a.b.c.d/len)"
+    );
+    assert_eq!(
+        e("10.0.0/24"),
+        "\"10.0.0/24\": \"10.0.0\" is not an IPv4 address"
+    );
+    assert_eq!(
+        e("10.0.0.0/33"),
+        "\"10.0.0.0/33\": prefix length must be 0..=32"
+    );
+    assert_eq!(
+        e("10.0.0.0/x"),
+        "\"10.0.0.0/x\": prefix length must be 0..=32"
+    );
+    assert_eq!(
+        e("10.0.0.5/24"),
+        "\"10.0.0.5/24\" has host bits set (did you mean 10.0.0.0/24?)"
+    );
+    assert_eq!(
+        e("10.0.0.5/0"),
+        "\"10.0.0.5/0\" has host bits set (did you mean 0.0.0.0/0?)"
+    );
+    let whole = |s: &str| AddrRange::from(parse_cidr(s).unwrap()).to_string();
+    assert_eq!(whole(" 10.0.0.0 / 30 "), "10.0.0.0-10.0.0.3");
+    assert_eq!(whole("10.0.0.7/32"), "10.0.0.7");
+    assert_eq!(whole("0.0.0.0/0"), "0.0.0.0-255.255.255.255");
+}
