@@ -8,10 +8,10 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
 
 use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, DatapathMode, NetConf};
-use aliasnet_shaper::{
+use aliasnet_ebpf::{
     abi,
     limits::{ANNOTATION_EGRESS, ANNOTATION_INGRESS, ANNOTATION_INTERNET_EGRESS},
-    CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity, PodRecord, Shape, ShaperError,
+    CniBandwidth, Datapath, DatapathError, Limits, PodAttachment, PodIdentity, PodRecord, Shape,
     Teardown,
 };
 
@@ -81,15 +81,15 @@ fn not_initialised(conf: &NetConf) -> String {
 }
 
 /// The CNI error for a datapath failure.
-pub fn to_cni(conf: &NetConf, what: &str, e: &ShaperError) -> CniError {
+pub fn to_cni(conf: &NetConf, what: &str, e: &DatapathError) -> CniError {
     match e {
-        ShaperError::NotInitialised { .. } => CniError::new(
+        DatapathError::NotInitialised { .. } => CniError::new(
             code::TRY_AGAIN_LATER,
             format!("{}; try again later", not_initialised(conf)),
         ),
-        ShaperError::InvalidArgument { field, reason } => CniError::config(field, reason),
-        ShaperError::Limit(l) => CniError::config(&l.field, &l.reason),
-        ShaperError::Netns(_) => CniError::new(code::NETNS, format!("{what}: {e}")),
+        DatapathError::InvalidArgument { field, reason } => CniError::config(field, reason),
+        DatapathError::Limit(l) => CniError::config(&l.field, &l.reason),
+        DatapathError::Netns(_) => CniError::new(code::NETNS, format!("{what}: {e}")),
         _ => CniError::new(code::DATAPATH, format!("{what}: {e}")),
     }
 }
@@ -112,7 +112,7 @@ pub fn open_for_add(conf: &NetConf, req: &Requested) -> Result<Option<Datapath>,
             .map_err(|e| to_cni(conf, "open the datapath", &e)),
         DatapathMode::Optional => match Datapath::open(&conf.bpf_pin_root) {
             Ok(dp) => Ok(Some(dp)),
-            Err(ShaperError::NotInitialised { .. }) => match req.field {
+            Err(DatapathError::NotInitialised { .. }) => match req.field {
                 Some(field) => Err(CniError::new(
                     code::TRY_AGAIN_LATER,
                     format!(
@@ -219,7 +219,7 @@ pub fn detach(conf: &NetConf, container_id: &str, ifname: &str) {
     }
     let mut dp = match Datapath::open(&conf.bpf_pin_root) {
         Ok(dp) => dp,
-        Err(ShaperError::NotInitialised { .. }) => {
+        Err(DatapathError::NotInitialised { .. }) => {
             tracing::debug!("{}: nothing to detach", not_initialised(conf));
             return;
         }
@@ -252,12 +252,12 @@ pub fn check(
         DatapathMode::Optional if !req.any() => match Datapath::open(&conf.bpf_pin_root) {
             Ok(dp) => dp,
             // ADD skipped the datapath too.
-            Err(ShaperError::NotInitialised { .. }) => return Ok(Vec::new()),
+            Err(DatapathError::NotInitialised { .. }) => return Ok(Vec::new()),
             Err(e) => return Err(to_cni(conf, "open the datapath", &e)),
         },
         _ => match Datapath::open(&conf.bpf_pin_root) {
             Ok(dp) => dp,
-            Err(ShaperError::NotInitialised { .. }) => {
+            Err(DatapathError::NotInitialised { .. }) => {
                 return Ok(vec![format!(
                     "datapath attachment missing: {}",
                     not_initialised(conf)
@@ -407,7 +407,7 @@ pub fn gc(conf: &NetConf, released: &[(String, String)]) -> Vec<String> {
     }
     let mut dp = match Datapath::open(&conf.bpf_pin_root) {
         Ok(dp) => dp,
-        Err(ShaperError::NotInitialised { .. }) => {
+        Err(DatapathError::NotInitialised { .. }) => {
             tracing::debug!("{}: nothing to collect", not_initialised(conf));
             return Vec::new();
         }
@@ -445,7 +445,7 @@ pub fn status(conf: &NetConf) -> Result<(), String> {
     }
     match Datapath::open(&conf.bpf_pin_root) {
         Ok(_) => Ok(()),
-        Err(ShaperError::NotInitialised { .. }) => Err(not_initialised(conf)),
+        Err(DatapathError::NotInitialised { .. }) => Err(not_initialised(conf)),
         Err(e) => Err(format!("the datapath cannot be used: {e}")),
     }
 }

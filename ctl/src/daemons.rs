@@ -3,10 +3,10 @@
 
 use std::{io, path::Path, time::Duration};
 
+use aliasnet_ebpf::{Datapath, DatapathError};
 use aliasnet_ipam_proto::{
     Client, ClientError, Lease, PoolStats, ReconcileStats, Request, Response,
 };
-use aliasnet_shaper::{Datapath, ShaperError};
 use anyhow::{anyhow, Error};
 use serde::Serialize;
 
@@ -157,8 +157,8 @@ pub fn open_datapath(pin_root: &Path) -> Result<Datapath, Error> {
     Datapath::open(pin_root).map_err(|e| datapath_error(pin_root, &e))
 }
 
-fn datapath_error(root: &Path, e: &ShaperError) -> Error {
-    let denied = matches!(e, ShaperError::Map { source, .. }
+fn datapath_error(root: &Path, e: &DatapathError) -> Error {
+    let denied = matches!(e, DatapathError::Map { source, .. }
         if matches!(source, aya::maps::MapError::SyscallError(s)
             if s.io_error.kind() == io::ErrorKind::PermissionDenied));
     if denied || !nix::unistd::geteuid().is_root() {
@@ -168,7 +168,7 @@ fn datapath_error(root: &Path, e: &ShaperError) -> Error {
         );
     }
     match e {
-        ShaperError::NotInitialised { .. } => anyhow!(
+        DatapathError::NotInitialised { .. } => anyhow!(
             "the eBPF datapath is not installed under {}: aliasnet-shaperd has not run on this node (or uses another --pin-root)",
             root.display()
         ),

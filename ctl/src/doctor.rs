@@ -7,13 +7,16 @@ use std::{
     time::Duration,
 };
 
+use aliasnet_ebpf::{
+    abi,
+    netlink::{Link, Rtnl},
+    PodRecord,
+};
 use aliasnet_ipam_proto::{host_veth_name, Lease, RECOVERED_NETWORK};
-use aliasnet_shaper::{abi, PodRecord};
 use serde::Serialize;
 
 use crate::{
     daemons::{self, Ipamd},
-    nl::{Link, Rtnl},
     output::{now_ms, print, print_json, Table},
     probe::{self, Attach},
     Global,
@@ -144,7 +147,7 @@ fn collect(g: &Global, o: &Options) -> Report {
                 subject: "netlink".into(),
                 problem: format!(
                     "cannot list interfaces ({:?}); link checks skipped",
-                    e.kind()
+                    e.os_error().map_or(std::io::ErrorKind::Other, |e| e.kind())
                 ),
                 fix: "run aliasnetctl as root in the node's network namespace".into(),
             });
@@ -309,7 +312,7 @@ fn collect(g: &Global, o: &Options) -> Report {
             let fix = delete_pod_fix(&r.namespace(), &r.name());
             let dev = format!("{ifname} in {netns}");
             // One visit to the pod's netns: its interface, then that interface's qdiscs.
-            let pod_side = aliasnet_shaper::netns::run_in(Path::new(&netns), move || {
+            let pod_side = aliasnet_netns::run_in(&netns, move || {
                 let mut rt = Rtnl::new().ok()?;
                 let l = rt.links().ok()?.into_iter().find(|l| l.name == ifname)?;
                 Some(below_frame(&dev, l.index, l.mtu, &what, &fix))
@@ -367,7 +370,7 @@ fn collect(g: &Global, o: &Options) -> Report {
 /// smaller than one of its frames.
 fn below_frame(dev: &str, ifindex: u32, mtu: u32, whose: &str, fix: &str) -> Vec<Finding> {
     let frame = abi::frame_of_mtu(mtu);
-    let sizes = match aliasnet_shaper::tc::Rtnl::new().and_then(|mut rt| rt.queue_sizes(ifindex)) {
+    let sizes = match Rtnl::new().and_then(|mut rt| rt.queue_sizes(ifindex)) {
         Ok(s) => s,
         Err(e) => {
             return vec![Finding {

@@ -10,7 +10,6 @@ mod daemons;
 mod doctor;
 mod http;
 mod ipam;
-mod nl;
 mod output;
 mod pods;
 mod probe;
@@ -19,8 +18,8 @@ mod top;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
+use aliasnet_ebpf::DEFAULT_PIN_ROOT;
 use aliasnet_ipam_proto::{AttachmentKey, DEFAULT_HOST_VETH_PREFIX, DEFAULT_SOCKET};
-use aliasnet_shaper::DEFAULT_PIN_ROOT;
 use clap::{Args, Parser, Subcommand};
 
 const DEFAULT_IPAMD_METRICS: &str = "127.0.0.1:9545";

@@ -1,6 +1,6 @@
 //! `aliasnetctl pods`: every attached pod with its limits and counters per class.
 
-use aliasnet_shaper::{
+use aliasnet_ebpf::{
     abi::{Class, Direction},
     PodRecord,
 };
@@ -78,7 +78,7 @@ fn by_class(r: &PodRecord, d: Direction) -> ByClass {
     }
 }
 
-pub fn pod_of(dp: &aliasnet_shaper::Datapath, r: &PodRecord, with_qdiscs: bool) -> Pod {
+pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) -> Pod {
     let nz = |v: u64| (v != 0).then_some(v);
     let stats = if with_qdiscs {
         dp.shaping_stats(r).ok()
@@ -94,13 +94,13 @@ pub fn pod_of(dp: &aliasnet_shaper::Datapath, r: &PodRecord, with_qdiscs: bool) 
         container_id: r.container_id(),
         ifname: r.ifname(),
         host_veth: r.host_ifname(),
-        netns: aliasnet_shaper::abi::cstr(&m.netns),
+        netns: aliasnet_ebpf::abi::cstr(&m.netns),
         slot: r.slot,
         limits: Limits {
             ingress: nz(m.ingress_rate),
             egress: nz(m.egress_rate),
             internet_egress: nz(m.internet_egress_rate),
-            internet_from_policy: m.flags & aliasnet_shaper::abi::META_INTERNET_FROM_POLICY != 0,
+            internet_from_policy: m.flags & aliasnet_ebpf::abi::META_INTERNET_FROM_POLICY != 0,
         },
         egress: by_class(r, Direction::Egress),
         ingress: by_class(r, Direction::Ingress),

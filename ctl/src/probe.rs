@@ -1,18 +1,15 @@
 //! Kernel feature probes and per-pod program checks. Probes act, not guess: tcx is a real
 //! BPF_PROG_QUERY, fq a real qdisc creation inside a throwaway network namespace.
 
-use std::{
-    fs::File,
-    os::fd::AsFd,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
-use aliasnet_ebpf::programs;
-use aliasnet_shaper::{abi, PodRecord};
+use aliasnet_ebpf::{
+    abi,
+    netlink::{Hook, NetlinkError, Rtnl},
+    programs, PodRecord,
+};
 use aya::programs::{tc::TcAttachType, SchedClassifier};
 use serde::Serialize;
-
-use crate::nl::Rtnl;
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -37,23 +34,29 @@ fn is_bpffs(path: &Path) -> Option<bool> {
         .map(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
 }
 
-fn errno_name(e: &std::io::Error) -> String {
-    e.raw_os_error()
-        .map(|n| format!("{:?}", nix::errno::Errno::from_raw(n)))
-        .unwrap_or_else(|| format!("{:?}", e.kind()))
+fn errno_name(e: &NetlinkError) -> String {
+    match e.os_error() {
+        Some(e) => e
+            .raw_os_error()
+            .map(|n| format!("{:?}", nix::errno::Errno::from_raw(n)))
+            .unwrap_or_else(|| format!("{:?}", e.kind())),
+        None => e.to_string(),
+    }
 }
 
 /// Tries `kind` as a qdisc on `lo` of a namespace created for the probe; the namespace (and
 /// the qdisc) vanish when the probing thread exits.
 fn qdisc_kind_available(kind: &'static str, why: &'static str) -> Feature {
-    let res = std::thread::spawn(move || -> Result<(), String> {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("cannot create a probe namespace: {e}"))?;
+    let res = aliasnet_netns::run_in_new(|| -> Result<(), String> {
         let mut rt = Rtnl::new().map_err(|e| format!("netlink: {}", errno_name(&e)))?;
         rt.add_qdisc(1, kind).map_err(|e| errno_name(&e))
     })
-    .join()
-    .unwrap_or_else(|_| Err("probe thread panicked".to_owned()));
+    .unwrap_or_else(|e| match e {
+        aliasnet_netns::NetnsError::Create(e) => {
+            Err(format!("cannot create a probe namespace: {e}"))
+        }
+        _ => Err("probe thread panicked".to_owned()),
+    });
     match res {
         Ok(()) => Feature {
             name: kind,
@@ -187,25 +190,16 @@ impl Programs {
     }
 }
 
-/// Whether `prog` runs on the `at` hook of `ifname` (calling thread's netns), attached either
-/// as a cls_bpf filter in a clsact qdisc (the per-pod attachment) or as a TCX link (pods
-/// attached by earlier builds, and the node uplink).
-fn attached(ifname: &str, at: TcAttachType, prog: &str) -> Attach {
+/// Whether `prog` runs on the `at` hook of `ifname` (calling thread's netns) as a cls_bpf
+/// filter in a clsact qdisc (the per-pod attachment).
+fn attached(ifname: &str, at: Hook, prog: &str) -> Attach {
     let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname) else {
         return Attach::Unknown(format!("interface {ifname} does not exist"));
     };
-    let ingress = matches!(at, TcAttachType::Ingress);
-    let filters = Rtnl::new().and_then(|mut r| r.bpf_filter_names(ifindex, ingress));
-    if let Ok(names) = &filters {
-        if names.iter().any(|n| n == prog) {
-            return Attach::Attached;
-        }
-    }
-    match SchedClassifier::query_tcx(ifname, at) {
-        Ok((_, progs)) if progs.iter().any(|p| p.name_as_str() == Some(prog)) => Attach::Attached,
-        Ok(_) if filters.is_ok() => Attach::Missing,
-        Ok(_) => Attach::Unknown(format!("{ifname}: cannot list tc filters")),
-        Err(e) => Attach::Unknown(format!("{ifname}: {e}")),
+    match Rtnl::new().and_then(|mut r| r.filters(ifindex, at)) {
+        Ok(filters) if filters.iter().any(|f| f.name == prog) => Attach::Attached,
+        Ok(_) => Attach::Missing,
+        Err(e) => Attach::Unknown(format!("{ifname}: cannot list tc filters: {e}")),
     }
 }
 
@@ -216,24 +210,24 @@ pub fn programs_of(rec: &PodRecord) -> Programs {
     let pod_egress = if needs_pod_side {
         let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
         let ifname = rec.ifname();
-        match File::open(&netns) {
+        match aliasnet_netns::run_in(&netns, || {
+            attached(&ifname, Hook::Egress, programs::POD_EGRESS)
+        }) {
+            Ok(a) => a,
+            Err(e @ aliasnet_netns::NetnsError::Enter { .. }) => {
+                Attach::Unknown(format!("enter pod netns: {e}"))
+            }
+            Err(aliasnet_netns::NetnsError::Panicked(_)) => {
+                Attach::Unknown("probe thread panicked".into())
+            }
             Err(_) => Attach::Unknown(format!("pod netns {} is gone", netns.display())),
-            Ok(ns) => std::thread::spawn(move || {
-                if let Err(e) = nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                {
-                    return Attach::Unknown(format!("enter pod netns: {e}"));
-                }
-                attached(&ifname, TcAttachType::Egress, programs::POD_EGRESS)
-            })
-            .join()
-            .unwrap_or_else(|_| Attach::Unknown("probe thread panicked".into())),
         }
     } else {
         Attach::NotNeeded
     };
     Programs {
-        host_ingress: attached(&host, TcAttachType::Ingress, programs::HOST_INGRESS),
-        host_egress: attached(&host, TcAttachType::Egress, programs::HOST_EGRESS),
+        host_ingress: attached(&host, Hook::Ingress, programs::HOST_INGRESS),
+        host_egress: attached(&host, Hook::Egress, programs::HOST_EGRESS),
         pod_egress,
     }
 }

@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
+use aliasnet_ebpf::abi;
 use aliasnet_ipam_proto::PoolStats;
-use aliasnet_shaper::abi;
 use serde::Serialize;
 
 use crate::{

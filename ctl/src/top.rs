@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aliasnet_shaper::{
+use aliasnet_ebpf::{
     abi::{Class, Direction, PodCounters},
     Datapath,
 };
@@ -200,7 +200,7 @@ pub fn run(g: &Global, o: &Options) -> anyhow::Result<i32> {
 
 #[cfg(test)]
 mod tests {
-    use aliasnet_shaper::abi::Counter;
+    use aliasnet_ebpf::abi::Counter;
 
     use super::*;
 

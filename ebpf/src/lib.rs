@@ -1,10 +1,70 @@
-//! aliasnet's eBPF datapath: the C tc programs (compiled by `build.rs` with clang-19 and
-//! embedded here) and the `#[repr(C)]` mirrors of their shared ABI header.
+//! aliasnet's eBPF datapath as a library: the C tc programs (compiled by `build.rs` with
+//! clang-19 and embedded here), the `#[repr(C)]` mirrors of their shared ABI header, and
+//! everything user space does with them: install and open the pinned objects, attach and
+//! detach pods, the HTB class layout, clsact and cls_bpf filters, limits, and the
+//! synchronous netlink client. The CNI plugin, aliasnetctl and aliasnet-shaperd link it.
 //!
-//! Loading, pinning and attaching live in `aliasnet-shaper`; this crate only owns the kernel
-//! ABI so that every user of the maps agrees on it at compile time.
+//! The CNI plugin, in the node's network namespace with bpffs visible:
+//!
+//! ```no_run
+//! use aliasnet_ebpf::{
+//!     Datapath, Limits, PodAttachment, PodIdentity, Teardown, DEFAULT_PIN_ROOT,
+//! };
+//! # fn main() -> Result<(), aliasnet_ebpf::DatapathError> {
+//! let mut dp = Datapath::open(DEFAULT_PIN_ROOT)?; // fails with NotInitialised before shaperd ran once
+//! dp.attach_pod(&PodAttachment {
+//!     host_ifname: "veth1234abcd".into(),
+//!     netns: "/var/run/netns/cni-1234".into(),
+//!     identity: PodIdentity {
+//!         namespace: "default".into(),
+//!         name: "trainer-0".into(),
+//!         container_id: "1234abcd".into(),
+//!         ifname: "eth0".into(),
+//!         ip: "10.20.0.5".parse().unwrap(),
+//!     },
+//!     limits: Limits::default(),
+//! })?;
+//! // ... on DEL, when the host veth is deleted right after (the pod's filters and qdiscs go
+//! // with it; `detach_pod` removes them too, for a veth that stays):
+//! dp.detach_pod_with("1234abcd", "eth0", Teardown::MapsOnly)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Per-pod programs are cls_bpf filters (clsact), not TCX links: a TCX attach waits for an
+//! RCU grace period under RTNL; see [`netlink::clsact`].
+//!
+//! Modules depend in one direction: `netlink`, `limits` and `shape` know nothing of the
+//! maps; `htb` lays out classes over `netlink`; `datapath` owns the pinned maps; `pod` and
+//! `policy` act on a `Datapath`.
 
 pub mod abi;
+pub mod datapath;
+mod error;
+pub mod htb;
+pub mod limits;
+pub mod netlink;
+mod object;
+pub mod pod;
+pub mod policy;
+pub mod shape;
+pub mod tuning;
+
+pub use datapath::{
+    install::InstallReport,
+    pins::{ensure_bpffs, PinPaths, DEFAULT_PIN_ROOT},
+    Datapath,
+};
+pub use error::{DatapathError, MultiError};
+pub use limits::{CniBandwidth, LimitError, Limits};
+pub use object::{datapath_object, MissingObject};
+pub use pod::{
+    AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord, ShapingStats, Teardown,
+};
+pub use policy::{resolve_uplink, NodePolicy, PolicyReport};
+pub use shape::{DeviceSizes, Shape};
+
+// Pods' namespaces are entered through `aliasnet-netns` only.
+use aliasnet_netns as netns;
 
 /// The compiled `datapath.bpf.o` (all programs and maps, BTF included), 8-byte aligned as
 /// aya's ELF parser requires.

@@ -26,10 +26,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aliasnet_ebpf::{abi, Datapath, Limits, PodAttachment, PodIdentity};
 use aliasnet_shaper::{
-    abi,
     metrics::{Aggregation, Exporter, ExporterOptions},
-    Datapath, Limits, PodAttachment, PodIdentity, Policy,
+    Policy,
 };
 use anyhow::{bail, Context, Result};
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};

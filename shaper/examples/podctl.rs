@@ -9,7 +9,7 @@
 
 use std::{collections::BTreeMap, path::PathBuf};
 
-use aliasnet_shaper::{
+use aliasnet_ebpf::{
     abi::{Class, Direction},
     limits::parse_quantity,
     CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity,
@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long, default_value = aliasnet_shaper::DEFAULT_PIN_ROOT)]
+    #[arg(long, default_value = aliasnet_ebpf::DEFAULT_PIN_ROOT)]
     pin_root: PathBuf,
     #[command(subcommand)]
     cmd: Cmd,
@@ -67,7 +67,7 @@ fn main() -> Result<()> {
             let mut ann = BTreeMap::new();
             if let Some(r) = internet_rate {
                 ann.insert(
-                    aliasnet_shaper::limits::ANNOTATION_INTERNET_EGRESS.to_owned(),
+                    aliasnet_ebpf::limits::ANNOTATION_INTERNET_EGRESS.to_owned(),
                     r.to_string(),
                 );
             }

@@ -43,10 +43,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aliasnet_ebpf::{abi, maps, programs, DATAPATH_OBJECT};
-use aliasnet_shaper::{
-    limits::parse_quantity, AttachedPod, Datapath, Limits, PodAttachment, PodIdentity, Policy,
+use aliasnet_ebpf::{
+    abi, limits::parse_quantity, maps, programs, AttachedPod, Datapath, Limits, PodAttachment,
+    PodIdentity, DATAPATH_OBJECT,
 };
+use aliasnet_shaper::Policy;
 use anyhow::{anyhow, bail, Context, Result};
 use aya::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData},
@@ -1046,7 +1047,7 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
 }
 
 fn fmt_rate(r: u64) -> String {
-    aliasnet_shaper::limits::fmt_rate(r)
+    aliasnet_ebpf::limits::fmt_rate(r)
 }
 
 fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -> Result<()> {

@@ -14,9 +14,10 @@ use std::{
     time::Duration,
 };
 
+use aliasnet_ebpf::{Datapath, DEFAULT_PIN_ROOT};
 use aliasnet_shaper::{
     metrics::{self, Aggregation, Exporter, ExporterOptions},
-    Datapath, Policy, DEFAULT_PIN_ROOT, DEFAULT_POLICY_PATH,
+    Policy, DEFAULT_POLICY_PATH,
 };
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -146,7 +147,7 @@ fn main() -> Result<()> {
         let policy = parse_policy(&args.config, text.as_deref())?;
         info!(
             prefixes = policy.prefixes().len(),
-            namespaces = policy.namespaces.len(),
+            namespaces = policy.datapath.namespaces.len(),
             "policy {} is valid",
             args.config.display()
         );

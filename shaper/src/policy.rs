@@ -22,128 +22,75 @@
 
 use std::{
     collections::BTreeMap,
-    fmt,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    str::FromStr,
 };
 
-use aliasnet_ebpf::abi;
+use aliasnet_ebpf::{
+    abi,
+    limits::{check_rate, parse_quantity},
+    NodePolicy,
+};
+use ipnet::Ipv4Net;
 use serde::Deserialize;
-
-use crate::limits::{check_rate, parse_quantity};
 
 /// Default location of the node policy.
 pub const DEFAULT_POLICY_PATH: &str = "/etc/aliasnet/shaper.toml";
 
 /// Cloud metadata endpoints blocked unless `block_cloud_metadata = false`: the instance
 /// metadata service (AWS, GCP, Azure IMDS) and Azure's WireServer.
-pub const CLOUD_METADATA: [Cidr; 2] = [
-    Cidr {
-        addr: Ipv4Addr::new(169, 254, 169, 254),
-        len: 32,
-    },
-    Cidr {
-        addr: Ipv4Addr::new(168, 63, 129, 16),
-        len: 32,
-    },
+pub const CLOUD_METADATA: [Ipv4Addr; 2] = [
+    Ipv4Addr::new(169, 254, 169, 254),
+    Ipv4Addr::new(168, 63, 129, 16),
 ];
 
-/// An IPv4 prefix with no host bits set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cidr {
-    addr: Ipv4Addr,
-    len: u8,
+/// An IPv4 prefix with no host bits set; the messages name what is wrong with it.
+fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
+    let (a, l) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
+    if a.contains(':') {
+        return Err(format!("{s:?}: IPv6 is not supported (pods are IPv4 only)"));
+    }
+    let addr: Ipv4Addr = a
+        .parse()
+        .map_err(|_| format!("{s:?}: {a:?} is not an IPv4 address"))?;
+    let len: u8 = l
+        .parse()
+        .map_err(|_| format!("{s:?}: {l:?} is not a prefix length"))?;
+    let net =
+        Ipv4Net::new(addr, len).map_err(|_| format!("{s:?}: prefix length {len} is above 32"))?;
+    if net.network() != addr {
+        return Err(format!(
+            "{s:?}: {addr}/{len} has host bits set (did you mean {}?)",
+            net.trunc()
+        ));
+    }
+    Ok(net)
 }
 
-impl Cidr {
-    pub fn new(addr: Ipv4Addr, len: u8) -> Result<Self, String> {
-        if len > 32 {
-            return Err(format!("prefix length {len} is above 32"));
-        }
-        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-        let bits = u32::from(addr);
-        if bits & !mask != 0 {
-            return Err(format!(
-                "{addr}/{len} has host bits set (did you mean {}/{len}?)",
-                Ipv4Addr::from(bits & mask)
-            ));
-        }
-        Ok(Self { addr, len })
-    }
-
-    pub fn addr(&self) -> Ipv4Addr {
-        self.addr
-    }
-
-    pub fn prefix_len(&self) -> u8 {
-        self.len
-    }
-
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.len == 0 {
-            0
-        } else {
-            u32::MAX << (32 - self.len)
-        };
-        u32::from(ip) & mask == u32::from(self.addr)
-    }
-}
-
-impl FromStr for Cidr {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (a, l) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
-        if a.contains(':') {
-            return Err(format!("{s:?}: IPv6 is not supported (pods are IPv4 only)"));
-        }
-        let addr: Ipv4Addr = a
-            .parse()
-            .map_err(|_| format!("{s:?}: {a:?} is not an IPv4 address"))?;
-        let len: u8 = l
-            .parse()
-            .map_err(|_| format!("{s:?}: {l:?} is not a prefix length"))?;
-        Cidr::new(addr, len).map_err(|e| format!("{s:?}: {e}"))
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
-
-/// The validated node policy.
+/// The validated node policy: the file's CIDR lists as written, and what the datapath
+/// applies ([`NodePolicy`], prefixes with their class).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    pub internal_cidrs: Vec<Cidr>,
+    pub internal_cidrs: Vec<Ipv4Net>,
     /// As configured, without the cloud metadata defaults.
-    pub blocked_cidrs: Vec<Cidr>,
+    pub blocked_cidrs: Vec<Ipv4Net>,
     pub block_cloud_metadata: bool,
-    /// bit/s per pod; `None` = unlimited.
-    pub pod_internet_egress_rate: Option<u64>,
-    /// bit/s for all pods together; `None` = no cap.
-    pub node_internet_egress_cap: Option<u64>,
-    pub uplink: Option<String>,
-    /// Per-namespace internet-egress rate; `None` = unlimited for that namespace.
-    pub namespaces: BTreeMap<String, Option<u64>>,
+    /// Rates, uplink and namespaces as configured, and every prefix with its class.
+    pub datapath: NodePolicy,
 }
 
 impl Default for Policy {
     /// No internal ranges (everything is internet), metadata blocked, no limits.
     fn default() -> Self {
-        Self {
-            internal_cidrs: Vec::new(),
-            blocked_cidrs: Vec::new(),
-            block_cloud_metadata: true,
-            pod_internet_egress_rate: None,
-            node_internet_egress_cap: None,
-            uplink: None,
-            namespaces: BTreeMap::new(),
-        }
+        Self::new(Vec::new(), Vec::new(), true, NodePolicy::default())
+    }
+}
+
+impl AsRef<NodePolicy> for Policy {
+    fn as_ref(&self) -> &NodePolicy {
+        &self.datapath
     }
 }
 
@@ -204,10 +151,10 @@ fn rate(field: &str, raw: &RawRate) -> Result<Option<u64>, String> {
     Ok(Some(v))
 }
 
-fn cidrs(field: &str, raw: &[String]) -> Result<Vec<Cidr>, String> {
+fn cidrs(field: &str, raw: &[String]) -> Result<Vec<Ipv4Net>, String> {
     raw.iter()
         .enumerate()
-        .map(|(i, s)| s.trim().parse().map_err(|e| format!("{field}[{i}]: {e}")))
+        .map(|(i, s)| parse_cidr(s.trim()).map_err(|e| format!("{field}[{i}]: {e}")))
         .collect()
 }
 
@@ -223,6 +170,23 @@ fn valid_namespace(name: &str) -> bool {
 }
 
 impl Policy {
+    /// The policy of these lists and settings; `datapath.prefixes` is derived here.
+    fn new(
+        internal_cidrs: Vec<Ipv4Net>,
+        blocked_cidrs: Vec<Ipv4Net>,
+        block_cloud_metadata: bool,
+        datapath: NodePolicy,
+    ) -> Self {
+        let mut p = Self {
+            internal_cidrs,
+            blocked_cidrs,
+            block_cloud_metadata,
+            datapath,
+        };
+        p.datapath.prefixes = p.prefixes().into_iter().collect();
+        p
+    }
+
     /// Reads and validates a policy file.
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
         let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
@@ -263,10 +227,8 @@ impl Policy {
                 return Err(format!("uplink: {u:?} is not an interface name"));
             }
         }
-        let policy = Self {
-            internal_cidrs: cidrs("internal_cidrs", &raw.internal_cidrs)?,
-            blocked_cidrs: cidrs("blocked_cidrs", &raw.blocked_cidrs)?,
-            block_cloud_metadata: raw.block_cloud_metadata,
+        let datapath = NodePolicy {
+            prefixes: Vec::new(),
             pod_internet_egress_rate: raw
                 .pod_internet_egress_rate
                 .as_ref()
@@ -282,7 +244,13 @@ impl Policy {
             uplink: raw.uplink,
             namespaces,
         };
-        let n = policy.prefixes().len();
+        let policy = Self::new(
+            cidrs("internal_cidrs", &raw.internal_cidrs)?,
+            cidrs("blocked_cidrs", &raw.blocked_cidrs)?,
+            raw.block_cloud_metadata,
+            datapath,
+        );
+        let n = policy.datapath.prefixes.len();
         if n > abi::MAX_PREFIXES as usize {
             return Err(format!(
                 "{n} distinct prefixes, at most {} are supported",
@@ -294,7 +262,7 @@ impl Policy {
 
     /// The classifier's view: every prefix with its class. The most specific prefix wins at
     /// lookup time; a prefix listed as both internal and blocked is blocked.
-    pub fn prefixes(&self) -> BTreeMap<Cidr, u32> {
+    pub fn prefixes(&self) -> BTreeMap<Ipv4Net, u32> {
         let mut out = BTreeMap::new();
         for c in &self.internal_cidrs {
             out.insert(*c, abi::CLASS_INTERNAL);
@@ -304,26 +272,18 @@ impl Policy {
         } else {
             &[]
         };
-        for c in self.blocked_cidrs.iter().chain(metadata) {
-            out.insert(*c, abi::CLASS_BLOCKED);
+        let metadata = metadata.iter().map(|a| Ipv4Net::from(*a));
+        for c in self.blocked_cidrs.iter().copied().chain(metadata) {
+            out.insert(c, abi::CLASS_BLOCKED);
         }
         out
-    }
-
-    /// The internet-egress rate node policy gives a pod of `namespace` (bit/s, `None` =
-    /// unlimited): the namespace override if any, else the default.
-    pub fn internet_rate_for(&self, namespace: &str) -> Option<u64> {
-        match self.namespaces.get(namespace) {
-            Some(r) => *r,
-            None => self.pod_internet_egress_rate,
-        }
     }
 
     /// Reference classification of an address, as the eBPF programs do it.
     pub fn classify(&self, ip: Ipv4Addr) -> u32 {
         self.prefixes()
             .iter()
-            .filter(|(c, _)| c.contains(ip))
+            .filter(|(c, _)| c.contains(&ip))
             .max_by_key(|(c, _)| c.prefix_len())
             .map_or(abi::CLASS_INTERNET, |(_, class)| *class)
     }
@@ -351,12 +311,15 @@ mod tests {
     fn parses_everything() {
         let p = Policy::parse(FULL).unwrap();
         assert_eq!(p.internal_cidrs.len(), 3);
-        assert_eq!(p.pod_internet_egress_rate, Some(100_000_000));
-        assert_eq!(p.node_internet_egress_cap, Some(1_000_000_000));
-        assert_eq!(p.uplink.as_deref(), Some("eth0"));
-        assert_eq!(p.internet_rate_for("research"), Some(1_000_000_000));
-        assert_eq!(p.internet_rate_for("batch"), None);
-        assert_eq!(p.internet_rate_for("default"), Some(100_000_000));
+        let d = &p.datapath;
+        assert_eq!(d.pod_internet_egress_rate, Some(100_000_000));
+        assert_eq!(d.node_internet_egress_cap, Some(1_000_000_000));
+        assert_eq!(d.uplink.as_deref(), Some("eth0"));
+        assert_eq!(d.internet_rate_for("research"), Some(1_000_000_000));
+        assert_eq!(d.internet_rate_for("batch"), None);
+        assert_eq!(d.internet_rate_for("default"), Some(100_000_000));
+        // Four distinct prefixes (one is in both lists) and the two metadata endpoints.
+        assert_eq!(d.prefixes.len(), 6);
     }
 
     #[test]

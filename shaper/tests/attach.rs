@@ -3,11 +3,10 @@
 
 mod fabric;
 
-use aliasnet_shaper::{
+use aliasnet_ebpf::{
     abi::{self, Class, Direction},
-    clsact::Hook,
-    tc::Rtnl,
-    HookState, Limits, ShaperError, Teardown,
+    netlink::{Hook, Rtnl},
+    DatapathError, HookState, Limits, Teardown,
 };
 use aya::programs::{SchedClassifier, TcAttachType};
 use fabric::*;
@@ -31,7 +30,7 @@ fn c(packets: u64) -> abi::Counter {
 /// attached with TCX, which per-pod hooks must not use (an RCU wait under RTNL per attach).
 fn programs(f: &Fabric, dev: &str, role: &str, hook: Hook) -> Vec<String> {
     let dev = dev.to_owned();
-    aliasnet_shaper::netns::run_in(&f.ns_path(role), move || {
+    aliasnet_netns::run_in(&f.ns_path(role), move || {
         let t = match hook {
             Hook::Ingress => TcAttachType::Ingress,
             Hook::Egress => TcAttachType::Egress,
@@ -158,7 +157,7 @@ fn bad_input_attaches_nothing() {
     }
     let f = installed();
     let mut dp = f.open();
-    let nothing_attached = |f: &Fabric, dp: &aliasnet_shaper::Datapath| {
+    let nothing_attached = |f: &Fabric, dp: &aliasnet_ebpf::Datapath| {
         assert!(dp.pods().unwrap().is_empty(), "no pod recorded");
         assert!(
             dp.pod(CONTAINER_ID, "eth0").unwrap().is_none(),
@@ -177,7 +176,7 @@ fn bad_input_attaches_nothing() {
         ..Limits::default()
     });
     match f.in_node(|| dp.attach_pod(&bad_rate)) {
-        Err(ShaperError::Limit(e)) => assert_eq!(e.field, "egress_rate"),
+        Err(DatapathError::Limit(e)) => assert_eq!(e.field, "egress_rate"),
         other => panic!("expected a limit error, got {other:?}"),
     }
     nothing_attached(&f, &dp);
@@ -204,7 +203,7 @@ fn bad_input_attaches_nothing() {
     let mut long = f.attachment(Limits::default());
     long.identity.namespace = "n".repeat(64);
     match f.in_node(|| dp.attach_pod(&long)) {
-        Err(ShaperError::InvalidArgument { field, .. }) => assert_eq!(field, "namespace"),
+        Err(DatapathError::InvalidArgument { field, .. }) => assert_eq!(field, "namespace"),
         other => panic!("expected an argument error, got {other:?}"),
     }
     nothing_attached(&f, &dp);
@@ -295,10 +294,10 @@ fn open_before_shaperd_ran_is_a_clear_error() {
     let f = Fabric::new();
     let root = f.pin_root();
     let e = f
-        .in_node(|| aliasnet_shaper::Datapath::open(root))
+        .in_node(|| aliasnet_ebpf::Datapath::open(root))
         .err()
         .expect("not initialised");
-    assert!(matches!(e, ShaperError::NotInitialised { .. }), "{e}");
+    assert!(matches!(e, DatapathError::NotInitialised { .. }), "{e}");
     assert!(
         e.to_string().contains("aliasnet-shaperd must run once"),
         "{e}"
@@ -419,7 +418,7 @@ fn a_reused_slot_starts_with_an_empty_queue_model() {
         ..Limits::default()
     });
     let slot = f.in_node(|| dp.attach_pod(&att)).expect("attach").slot;
-    let dirty = aliasnet_shaper::abi::VQueue {
+    let dirty = aliasnet_ebpf::abi::VQueue {
         t_empty: u64::MAX / 2,
         ce_marked: 7,
         dropped: 9,
@@ -430,7 +429,7 @@ fn a_reused_slot_starts_with_an_empty_queue_model() {
     {
         use aya::maps::{Array, Map, MapData};
         let path = f.pin_root().join("maps").join(aliasnet_ebpf::maps::VQUEUE);
-        let mut m: Array<MapData, aliasnet_shaper::abi::VQueue> =
+        let mut m: Array<MapData, aliasnet_ebpf::abi::VQueue> =
             Array::try_from(Map::Array(MapData::from_pin(path).unwrap())).unwrap();
         for class in 0..abi::VQ_PER_POD {
             m.set(slot * abi::VQ_PER_POD + class, dirty, 0).unwrap();
@@ -442,7 +441,7 @@ fn a_reused_slot_starts_with_an_empty_queue_model() {
     for class in 0..abi::VQ_PER_POD {
         assert_eq!(
             f.vqueue(slot * abi::VQ_PER_POD + class),
-            aliasnet_shaper::abi::VQueue::default(),
+            aliasnet_ebpf::abi::VQueue::default(),
             "class {class}"
         );
     }

@@ -10,7 +10,7 @@
 
 mod fabric;
 
-use aliasnet_shaper::Limits;
+use aliasnet_ebpf::Limits;
 use fabric::*;
 
 const SECS: u32 = 10;

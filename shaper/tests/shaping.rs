@@ -5,7 +5,7 @@
 
 mod fabric;
 
-use aliasnet_shaper::{abi, AttachedPod, Limits};
+use aliasnet_ebpf::{abi, AttachedPod, Limits};
 use fabric::*;
 
 const SECS: u32 = 3;
@@ -220,7 +220,7 @@ impl Run {
 
 /// The pod attached with an ingress limit of `rate` bit/s and nothing else, under the basic
 /// policy. The datapath handle is returned so that it lives as long as the test.
-fn pod_with_ingress_limit(rate: u64) -> (Fabric, aliasnet_shaper::Datapath, AttachedPod) {
+fn pod_with_ingress_limit(rate: u64) -> (Fabric, aliasnet_ebpf::Datapath, AttachedPod) {
     let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
     let mut dp = f.open();
     let att = f.attachment(Limits {

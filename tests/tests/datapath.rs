@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aliasnet_shaper::{
+use aliasnet_ebpf::{
     abi::{Class, Counter, Direction, PodCounters},
     Datapath, PodRecord,
 };
@@ -586,10 +586,9 @@ fn del_check_and_gc_keep_the_maps_in_step() {
 
     // The attachment removed behind the plugin's back: CHECK names it.
     let mut dp = open(n);
-    let found =
-        aliasnet_shaper::netns::run_in(&n.ns.path(), || dp.detach_pod(&b.container_id, "eth0"))
-            .unwrap()
-            .unwrap();
+    let found = aliasnet_netns::run_in(&n.ns.path(), || dp.detach_pod(&b.container_id, "eth0"))
+        .unwrap()
+        .unwrap();
     assert!(found);
     let out = check(&b, None);
     out.expect_code(107, "CHECK without an attachment");

@@ -27,7 +27,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aliasnet_shaper::{netns, Datapath, Limits, PodAttachment, PodIdentity};
+use aliasnet_ebpf::{Datapath, Limits, PodAttachment, PodIdentity};
+use aliasnet_netns as netns;
 
 pub const POD_IP: &str = "10.20.0.5";
 pub const INTERNET: &str = "203.0.113.10";
@@ -611,13 +612,13 @@ impl Fabric {
     }
 
     /// The programs' queue model of one class (`an_vqueue`), read from the pins.
-    pub fn vqueue(&self, idx: u32) -> aliasnet_shaper::abi::VQueue {
+    pub fn vqueue(&self, idx: u32) -> aliasnet_ebpf::abi::VQueue {
         use aya::maps::{Array, Map, MapData};
         let path = self
             .pin_root()
             .join("maps")
             .join(aliasnet_ebpf::maps::VQUEUE);
-        let m: Array<MapData, aliasnet_shaper::abi::VQueue> = Array::try_from(Map::Array(
+        let m: Array<MapData, aliasnet_ebpf::abi::VQueue> = Array::try_from(Map::Array(
             MapData::from_pin(path).expect("open an_vqueue pin"),
         ))
         .expect("an_vqueue");

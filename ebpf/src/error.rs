@@ -1,11 +1,11 @@
 use std::path::PathBuf;
 
-use crate::{limits::LimitError, netns::NetnsError, policy::PolicyError, tc::TcError};
+use crate::{limits::LimitError, netlink::NetlinkError, netns::NetnsError, MissingObject};
 
-/// Everything the shaper library can fail with. Messages are lower case, name the object
+/// Everything the datapath library can fail with. Messages are lower case, name the object
 /// involved, and keep the cause as `source`.
 #[derive(Debug, thiserror::Error)]
-pub enum ShaperError {
+pub enum DatapathError {
     #[error("{path} is not on a bpf filesystem (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
     NotBpffs { path: PathBuf },
     #[error("mount bpffs at {path}: {source}")]
@@ -31,6 +31,8 @@ pub enum ShaperError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    MissingObject(#[from] MissingObject),
     #[error("load eBPF object: {0}")]
     Load(#[source] aya::EbpfError),
     #[error("map {name}: {source}")]
@@ -66,11 +68,9 @@ pub enum ShaperError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error(transparent)]
-    Tc(#[from] TcError),
+    Netlink(#[from] NetlinkError),
     #[error(transparent)]
     Limit(#[from] LimitError),
-    #[error(transparent)]
-    Policy(#[from] PolicyError),
     #[error("invalid {field}: {reason}")]
     InvalidArgument { field: &'static str, reason: String },
     #[error("no free pod slot: {max} pods are attached on this node")]
@@ -83,7 +83,7 @@ pub enum ShaperError {
 
 /// Several independent failures (best-effort teardown collects them all).
 #[derive(Debug)]
-pub struct MultiError(pub Vec<ShaperError>);
+pub struct MultiError(pub Vec<DatapathError>);
 
 impl std::fmt::Display for MultiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,7 +97,7 @@ impl std::fmt::Display for MultiError {
     }
 }
 
-impl ShaperError {
+impl DatapathError {
     pub(crate) fn map(name: &str, source: aya::maps::MapError) -> Self {
         Self::Map {
             name: name.to_owned(),
@@ -121,11 +121,11 @@ impl ShaperError {
     }
 
     /// Collapses a list of failures: none is `Ok`, one is itself.
-    pub(crate) fn collect(mut errors: Vec<ShaperError>) -> Result<(), ShaperError> {
+    pub(crate) fn collect(mut errors: Vec<DatapathError>) -> Result<(), DatapathError> {
         match errors.len() {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
-            _ => Err(ShaperError::Multiple(MultiError(errors))),
+            _ => Err(DatapathError::Multiple(MultiError(errors))),
         }
     }
 }

@@ -2,39 +2,34 @@
 //! pod with one map lookup instead of reading all `MAX_PODS` metadata entries (two such scans
 //! cost ~1.3 ms per ADD).
 //!
-//! A hash map that userspace creates and pins next to the object's maps (`maps/an_pod_keys`);
-//! the programs never read it, so it is not part of the kernel ABI. The metadata array stays
+//! A hash map that userspace creates and pins next to the object's maps (`maps/an_pod_keys`).
+//! The programs never read it, but its pinned layout (`abi::PodKey` -> slot,
+//! `abi::POD_KEYS`) is part of what `abi::ABI_VERSION` covers, and a pin of another layout is
+//! refused like any map of another ABI. The metadata array stays
 //! the truth: a hit is confirmed against the slot's metadata, an entry is written before the
 //! metadata that it points to and removed after it, so a crash can leave a stale entry
 //! (ignored on use, dropped by [`reconcile`]) but never a recorded pod the index misses.
 
 use std::path::Path;
 
-use aliasnet_ebpf::abi;
-use aya::maps::{Array, HashMap, Map, MapData, MapType};
+use aya::maps::{Array, HashMap, Map, MapData};
 use tracing::info;
 
+use super::{
+    is_not_found,
+    pins::{Lock, PinPaths},
+    specs::check_spec,
+};
 use crate::{
-    datapath::{is_not_found, Lock, PinPaths},
-    error::ShaperError,
+    abi::{self, PodKey},
+    error::DatapathError,
+    maps,
 };
 
 /// Pin name under `maps/`.
-pub(crate) const NAME: &str = "an_pod_keys";
+pub(crate) const NAME: &str = abi::POD_KEYS.name;
 
 pub(crate) type Index = HashMap<MapData, PodKey, u32>;
-
-/// An attachment key in the metadata's fixed-size form.
-#[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct PodKey {
-    container_id: [u8; 128],
-    ifname: [u8; 16],
-}
-const _: () = assert!(core::mem::size_of::<PodKey>() == 144);
-
-// SAFETY: repr(C), byte arrays only: no padding, every bit pattern valid.
-unsafe impl aya::Pod for PodKey {}
 
 impl PodKey {
     /// `None` if a part does not fit the metadata's fields (then no such pod can exist).
@@ -68,66 +63,61 @@ impl PodKey {
     }
 }
 
-fn matches_spec(data: &MapData) -> bool {
-    data.info().is_ok_and(|i| {
-        i.map_type().is_ok_and(|t| t == MapType::Hash)
-            && i.key_size() as usize == core::mem::size_of::<PodKey>()
-            && i.value_size() == 4
-            && i.max_entries() == abi::MAX_PODS
-    })
+fn typed(data: MapData) -> Result<Index, DatapathError> {
+    Index::try_from(Map::HashMap(data)).map_err(|e| DatapathError::map(NAME, e))
 }
 
-fn typed(data: MapData) -> Result<Index, ShaperError> {
-    Index::try_from(Map::HashMap(data)).map_err(|e| ShaperError::map(NAME, e))
-}
-
-/// Opens the pinned index, creating it from `meta` if it does not exist yet (pins made by a
-/// build without it) or does not have this build's layout.
+/// Opens the pinned index, creating it from `meta` when its pin does not exist (the first
+/// open after an install, or a lost pin). A pin of another layout is refused
+/// ([`DatapathError::AbiMismatch`]).
 pub(crate) fn open_or_create(
     pins: &PinPaths,
     meta: &Array<MapData, abi::PodMeta>,
-) -> Result<Index, ShaperError> {
+) -> Result<Index, DatapathError> {
     let path = pins.map(NAME);
-    if let Ok(data) = MapData::from_pin(&path) {
-        if matches_spec(&data) {
-            return typed(data);
+    let open = |path: &Path| -> Result<Option<Index>, DatapathError> {
+        match MapData::from_pin(path) {
+            Ok(data) => {
+                check_spec(&pins.root, &abi::POD_KEYS, &data)?;
+                typed(data).map(Some)
+            }
+            Err(_) if !path.exists() => Ok(None),
+            Err(e) => Err(DatapathError::map(NAME, e)),
         }
+    };
+    if let Some(index) = open(&path)? {
+        return Ok(index);
     }
     let _lock = Lock::exclusive(&pins.root)?;
     // Someone else may have created it while we waited.
-    match MapData::from_pin(&path) {
-        Ok(data) if matches_spec(&data) => return typed(data),
-        Ok(_) => {
-            std::fs::remove_file(&path).map_err(|e| ShaperError::io("unpin", &path, e))?;
-        }
-        Err(_) if !path.exists() => {}
-        Err(e) => return Err(ShaperError::map(NAME, e)),
+    match open(&path)? {
+        Some(index) => Ok(index),
+        None => create(&path, meta),
     }
-    create(&path, meta)
 }
 
-fn create(path: &Path, meta: &Array<MapData, abi::PodMeta>) -> Result<Index, ShaperError> {
+fn create(path: &Path, meta: &Array<MapData, abi::PodMeta>) -> Result<Index, DatapathError> {
     let mut index: HashMap<MapData, PodKey, u32> =
-        HashMap::create(abi::MAX_PODS, 0).map_err(|e| ShaperError::map(NAME, e))?;
+        HashMap::create(abi::MAX_PODS, 0).map_err(|e| DatapathError::map(NAME, e))?;
     let mut n = 0;
     for slot in 0..abi::MAX_PODS {
         let m = meta
             .get(&slot, 0)
-            .map_err(|e| ShaperError::map(aliasnet_ebpf::maps::POD_META, e))?;
+            .map_err(|e| DatapathError::map(maps::POD_META, e))?;
         if m.flags & abi::META_IN_USE != 0 {
             index
                 .insert(PodKey::of(&m), slot, 0)
-                .map_err(|e| ShaperError::map(NAME, e))?;
+                .map_err(|e| DatapathError::map(NAME, e))?;
             n += 1;
         }
     }
     // Filled before it becomes visible: pinning is what publishes it.
-    index.pin(path).map_err(|source| ShaperError::Pin {
+    index.pin(path).map_err(|source| DatapathError::Pin {
         path: path.to_owned(),
         source,
     })?;
     info!(pods = n, "attachment-key index created");
-    typed(MapData::from_pin(path).map_err(|e| ShaperError::map(NAME, e))?)
+    typed(MapData::from_pin(path).map_err(|e| DatapathError::map(NAME, e))?)
 }
 
 /// Makes the index exactly the live attachments in `live` (`(slot, meta)`, from a scan of
@@ -135,7 +125,7 @@ fn create(path: &Path, meta: &Array<MapData, abi::PodMeta>) -> Result<Index, Sha
 pub(crate) fn reconcile(
     index: &mut Index,
     live: &[(u32, abi::PodMeta)],
-) -> Result<usize, ShaperError> {
+) -> Result<usize, DatapathError> {
     let want: std::collections::HashMap<PodKey, u32> =
         live.iter().map(|(s, m)| (PodKey::of(m), *s)).collect();
     let mut fixed = 0;
@@ -145,7 +135,7 @@ pub(crate) fn reconcile(
             match index.remove(k) {
                 Ok(()) => fixed += 1,
                 Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(ShaperError::map(NAME, e)),
+                Err(e) => return Err(DatapathError::map(NAME, e)),
             }
         }
     }
@@ -153,7 +143,7 @@ pub(crate) fn reconcile(
         if !present.iter().any(|(pk, ps)| pk == k && ps == slot) {
             index
                 .insert(k, slot, 0)
-                .map_err(|e| ShaperError::map(NAME, e))?;
+                .map_err(|e| DatapathError::map(NAME, e))?;
             fixed += 1;
         }
     }

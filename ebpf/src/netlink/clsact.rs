@@ -45,7 +45,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
 };
 
-use crate::tc::{Rtnl, TcError};
+use super::{NetlinkError, Rtnl};
 
 /// Priority of our filters on every per-pod hook (lower runs first; 1 is the first).
 pub const FILTER_PRIO: u16 = 1;
@@ -169,7 +169,7 @@ pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
 
 /// Errors that mean "there is nothing of ours there": no such filter (`ENOENT`), no clsact
 /// qdisc to hold one (`EINVAL`, "Parent Qdisc doesn't exists"), or no device (`ENODEV`).
-pub(crate) fn is_absent(e: &TcError) -> bool {
+pub(crate) fn is_absent(e: &NetlinkError) -> bool {
     matches!(e.errno(), Some(libc::ENOENT | libc::EINVAL | libc::ENODEV))
 }
 
@@ -178,7 +178,7 @@ impl Rtnl {
     /// already is fine: `NLM_F_EXCL` on an existing `ffff:` ingress-side qdisc is the kernel's
     /// "Exclusivity flag on, cannot modify" (`EEXIST`), the only `EEXIST` this request can get.
     /// Any other error is returned.
-    pub fn ensure_clsact(&mut self, ifindex: u32) -> Result<bool, TcError> {
+    pub fn ensure_clsact(&mut self, ifindex: u32) -> Result<bool, NetlinkError> {
         match self.request(
             RouteNetlinkMessage::NewQueueDiscipline(clsact_message(ifindex)),
             NLM_F_CREATE | NLM_F_EXCL,
@@ -192,7 +192,7 @@ impl Rtnl {
 
     /// Deletes the clsact qdisc of `ifindex` (and with it every filter on it); returns
     /// whether there was one.
-    pub fn delete_clsact(&mut self, ifindex: u32) -> Result<bool, TcError> {
+    pub fn delete_clsact(&mut self, ifindex: u32) -> Result<bool, NetlinkError> {
         match self.request(
             RouteNetlinkMessage::DelQueueDiscipline(clsact_message(ifindex)),
             0,
@@ -213,7 +213,7 @@ impl Rtnl {
         prog: BorrowedFd<'_>,
         name: &str,
         mode: FilterMode,
-    ) -> Result<(), TcError> {
+    ) -> Result<(), NetlinkError> {
         let mut m = filter_message(ifindex, hook, FILTER_PRIO, FILTER_HANDLE);
         m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
         m.attributes.push(TcAttribute::Options(vec![
@@ -239,7 +239,7 @@ impl Rtnl {
     }
 
     /// Deletes our filter from `hook` of `ifindex`; returns whether there was one.
-    pub fn delete_bpf_filter(&mut self, ifindex: u32, hook: Hook) -> Result<bool, TcError> {
+    pub fn delete_bpf_filter(&mut self, ifindex: u32, hook: Hook) -> Result<bool, NetlinkError> {
         let mut m = filter_message(ifindex, hook, FILTER_PRIO, FILTER_HANDLE);
         m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
         match self.request(
@@ -255,7 +255,7 @@ impl Rtnl {
 
     /// Every filter on `hook` of `ifindex` (cls_bpf ones with their program); empty when the
     /// device has no clsact qdisc.
-    pub fn filters(&mut self, ifindex: u32, hook: Hook) -> Result<Vec<BpfFilter>, TcError> {
+    pub fn filters(&mut self, ifindex: u32, hook: Hook) -> Result<Vec<BpfFilter>, NetlinkError> {
         let mut req = TcMessage::with_index(ifindex as i32);
         req.header.parent = hook.parent();
         let op = format!("list filters of ifindex {ifindex} {}", hook.name());
@@ -302,7 +302,11 @@ impl Rtnl {
     }
 
     /// Our filter on `hook` of `ifindex`, if any.
-    pub fn our_filter(&mut self, ifindex: u32, hook: Hook) -> Result<Option<BpfFilter>, TcError> {
+    pub fn our_filter(
+        &mut self,
+        ifindex: u32,
+        hook: Hook,
+    ) -> Result<Option<BpfFilter>, NetlinkError> {
         Ok(self
             .filters(ifindex, hook)?
             .into_iter()
@@ -311,7 +315,7 @@ impl Rtnl {
 
     /// Removes our filters from `hooks` of `ifindex`, then the clsact qdisc if no filter at
     /// all is left on it (someone else's filters keep it). Missing pieces are not errors.
-    pub fn detach_filters(&mut self, ifindex: u32, hooks: &[Hook]) -> Result<(), TcError> {
+    pub fn detach_filters(&mut self, ifindex: u32, hooks: &[Hook]) -> Result<(), NetlinkError> {
         for h in hooks {
             self.delete_bpf_filter(ifindex, *h)?;
         }

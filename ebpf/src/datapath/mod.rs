@@ -1,0 +1,214 @@
+//! The pinned datapath: open handles on the maps the programs share with user space, and the
+//! node-wide reads (config, node counters, prefixes). Installing is in [`install`], the pin
+//! layout and lock in [`pins`], the ABI checks in [`specs`], the attachment-key index in
+//! [`index`].
+//!
+//! Pin layout under the root (default `/sys/fs/bpf/aliasnet`):
+//!
+//! ```text
+//! maps/<map>                       every map of datapath.bpf.o (see crate::maps)
+//! maps/an_pod_keys                 attachment key -> slot index (userspace only, see index.rs)
+//! progs/<program>                  every program (see crate::programs)
+//! node/uplink                      TCX link on the uplink, egress (only with a node cap)
+//! ```
+//!
+//! Per-pod programs are cls_bpf filters in a clsact qdisc on the pod's devices (see
+//! `crate::netlink::clsact` for why not TCX): the device holds the filter, the filter the
+//! program, the program the maps, so nothing per pod is pinned and nothing depends on a
+//! running process. Pods keep being classified, counted and shaped while shaperd is down or
+//! restarting. All mutations take an exclusive `flock` on the root directory, which
+//! serialises concurrent CNI invocations and shaperd.
+
+pub(crate) mod index;
+pub mod install;
+pub mod pins;
+pub(crate) mod specs;
+
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues};
+
+use crate::{abi, error::DatapathError, maps, programs};
+use index::Index;
+use pins::{Lock, PinPaths};
+use specs::{check_abi_version, check_spec};
+
+/// Open handles on the pinned maps.
+pub struct Datapath {
+    pub(crate) pins: PinPaths,
+    pub(crate) prefixes: LpmTrie<MapData, abi::LpmKeyData, abi::LpmValue>,
+    pub(crate) config: Array<MapData, abi::Config>,
+    pub(crate) pods: HashMap<MapData, u32, abi::Pod>,
+    pub(crate) pod_ips: HashMap<MapData, [u8; 4], u32>,
+    pub(crate) counters: PerCpuArray<MapData, abi::PodCounters>,
+    pub(crate) node_counters: PerCpuArray<MapData, abi::NodeCounters>,
+    pub(crate) meta: Array<MapData, abi::PodMeta>,
+    pub(crate) ns_rates: HashMap<MapData, abi::NsKey, abi::NsRate>,
+    /// The programs' queue model; reset per slot on attach.
+    pub(crate) vqueue: Array<MapData, abi::VQueue>,
+    /// Attachment key -> slot.
+    pub(crate) index: Index,
+}
+
+fn typed<T>(name: &str, map: Map) -> Result<T, DatapathError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    T::try_from(map).map_err(|e| DatapathError::map(name, e))
+}
+
+impl Datapath {
+    /// Opens the pinned maps a running (or previously run) shaperd installed. This is what the
+    /// CNI plugin and exporters use; it loads nothing.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, DatapathError> {
+        let pins = PinPaths::new(root);
+        let mut data = Vec::with_capacity(abi::MAPS.len());
+        for spec in &abi::MAPS {
+            let path = pins.map(spec.name);
+            if !path.exists() {
+                return Err(DatapathError::NotInitialised { root: pins.root });
+            }
+            let d = MapData::from_pin(&path).map_err(|e| DatapathError::map(spec.name, e))?;
+            check_spec(&pins.root, spec, &d)?;
+            data.push(d);
+        }
+        let mut it = data.into_iter();
+        let mut next = || it.next().expect("one MapData per spec");
+        let prefixes = typed(maps::PREFIXES, Map::LpmTrie(next()))?;
+        let config = typed(maps::CONFIG, Map::Array(next()))?;
+        let pods = typed(maps::PODS, Map::HashMap(next()))?;
+        let pod_ips = typed(maps::POD_IPS, Map::HashMap(next()))?;
+        let counters = typed(maps::COUNTERS, Map::PerCpuArray(next()))?;
+        let node_counters = typed(maps::NODE_COUNTERS, Map::PerCpuArray(next()))?;
+        let meta = typed(maps::POD_META, Map::Array(next()))?;
+        let ns_rates = typed(maps::NS_RATES, Map::HashMap(next()))?;
+        let vqueue = typed(maps::VQUEUE, Map::Array(next()))?;
+        let index = index::open_or_create(&pins, &meta)?;
+        let dp = Self {
+            prefixes,
+            config,
+            pods,
+            pod_ips,
+            counters,
+            node_counters,
+            meta,
+            ns_rates,
+            vqueue,
+            index,
+            pins,
+        };
+        let cfg = dp.config()?;
+        if cfg.abi_version == 0 {
+            return Err(DatapathError::NotInitialised {
+                root: dp.pins.root.clone(),
+            });
+        }
+        // Pins of another release (an up- or downgrade half done): say so, rather than "not
+        // initialised", so the operator knows which side to roll.
+        check_abi_version(&dp.pins.root, cfg.abi_version)?;
+        for name in programs::ALL {
+            if !dp.pins.prog(name).exists() {
+                return Err(DatapathError::NotInitialised {
+                    root: dp.pins.root.clone(),
+                });
+            }
+        }
+        Ok(dp)
+    }
+
+    pub fn pins(&self) -> &PinPaths {
+        &self.pins
+    }
+
+    pub(crate) fn lock(&self) -> Result<Lock, DatapathError> {
+        Lock::exclusive(&self.pins.root)
+    }
+
+    /// The applied configuration (policy epoch, default rate, node cap).
+    pub fn config(&self) -> Result<abi::Config, DatapathError> {
+        self.config
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map(maps::CONFIG, e))
+    }
+
+    /// Internet-egress rate the applied policy gives a pod of `namespace` (`None` = unlimited).
+    pub fn policy_internet_rate(&self, namespace: &str) -> Result<Option<u64>, DatapathError> {
+        if let Some(key) = abi::NsKey::new(namespace) {
+            match self.ns_rates.get(&key, 0) {
+                Ok(r) => return Ok((r.internet_rate != 0).then_some(r.internet_rate)),
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(DatapathError::map(maps::NS_RATES, e)),
+            }
+        }
+        let d = self.config()?.default_internet_rate;
+        Ok((d != 0).then_some(d))
+    }
+
+    /// Sum over CPUs of the node-wide cap counters.
+    pub fn node_counters(&self) -> Result<abi::Counter, DatapathError> {
+        let v = self
+            .node_counters
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map(maps::NODE_COUNTERS, e))?;
+        let mut total = abi::Counter::default();
+        for c in v.iter() {
+            total += c.capped;
+        }
+        Ok(total)
+    }
+
+    /// The classifier's prefixes of the active generation, as `(prefix, len, class)`.
+    pub fn active_prefixes(&self) -> Result<Vec<(Ipv4Addr, u8, u32)>, DatapathError> {
+        let gen = self.config()?.active_gen;
+        let mut out = Vec::new();
+        for k in self.prefixes.keys() {
+            let k = k.map_err(|e| DatapathError::map(maps::PREFIXES, e))?;
+            if k.data().gen != gen {
+                continue;
+            }
+            let v = self
+                .prefixes
+                .get(&k, 0)
+                .map_err(|e| DatapathError::map(maps::PREFIXES, e))?;
+            out.push((
+                Ipv4Addr::from(k.data().addr),
+                (k.prefix_len() - 32) as u8,
+                v.class,
+            ));
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+pub(crate) fn is_not_found(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound | MapError::ElementNotFound => true,
+        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+/// Sums per-CPU values.
+pub(crate) fn sum_counters(v: &PerCpuValues<abi::PodCounters>) -> abi::PodCounters {
+    let mut total = abi::PodCounters::default();
+    for c in v.iter() {
+        total += *c;
+    }
+    total
+}
+
+pub(crate) fn scan_meta(
+    meta: &Array<MapData, abi::PodMeta>,
+) -> Result<Vec<(u32, abi::PodMeta)>, DatapathError> {
+    let mut out = Vec::new();
+    for slot in 0..abi::MAX_PODS {
+        let m = meta
+            .get(&slot, 0)
+            .map_err(|e| DatapathError::map(maps::POD_META, e))?;
+        if m.flags & abi::META_IN_USE != 0 {
+            out.push((slot, m));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,110 @@
+//! CHECK and inspection: whether a pod's programs are where they should be, and its shaping
+//! queues' statistics.
+
+use std::path::PathBuf;
+
+use super::{ifindex, HookState, PodHooks, PodRecord, ShapingStats};
+use crate::{
+    abi,
+    datapath::{sum_counters, Datapath},
+    error::DatapathError,
+    htb::{leaves_stats, pod_egress_classes},
+    maps,
+    netlink::{Hook, Rtnl},
+    netns, programs,
+};
+
+/// Our filter's state on `hook` of `ifindex` (in the calling thread's netns).
+fn hook_state(rt: &mut Rtnl, ifindex: u32, hook: Hook, prog: &str) -> HookState {
+    match rt.our_filter(ifindex, hook) {
+        Ok(Some(f)) if f.name == prog && f.direct_action => {
+            HookState::Attached { prog_id: f.prog_id }
+        }
+        Ok(_) => HookState::Missing,
+        Err(e) => HookState::Unknown(e.to_string()),
+    }
+}
+
+impl Datapath {
+    /// Whether each of the pod's programs is attached where it should be: the host veth
+    /// (in the calling thread's netns) and, for a pod with egress limits, its interface in
+    /// the pod netns.
+    pub fn hooks_of(&self, rec: &PodRecord) -> PodHooks {
+        let host = rec.host_ifname();
+        let host_alive =
+            nix::net::if_::if_nametoindex(host.as_str()).is_ok_and(|i| i == rec.meta.host_ifindex);
+        let (host_ingress, host_egress) = if !host_alive {
+            let gone = HookState::Unknown(format!(
+                "host veth {host} (ifindex {}) is gone",
+                rec.meta.host_ifindex
+            ));
+            (gone.clone(), gone)
+        } else {
+            match Rtnl::new() {
+                Ok(mut rt) => {
+                    let ifx = rec.meta.host_ifindex;
+                    (
+                        hook_state(&mut rt, ifx, Hook::Ingress, programs::HOST_INGRESS),
+                        hook_state(&mut rt, ifx, Hook::Egress, programs::HOST_EGRESS),
+                    )
+                }
+                Err(e) => (
+                    HookState::Unknown(e.to_string()),
+                    HookState::Unknown(e.to_string()),
+                ),
+            }
+        };
+        let pod_egress = if pod_egress_classes(&rec.meta).is_none() {
+            HookState::NotNeeded
+        } else {
+            let ns = PathBuf::from(abi::cstr(&rec.meta.netns));
+            let ifname = rec.ifname();
+            match netns::run_in(&ns, || {
+                let i = ifindex(&ifname)?;
+                Ok::<_, DatapathError>(hook_state(
+                    &mut Rtnl::new()?,
+                    i,
+                    Hook::Egress,
+                    programs::POD_EGRESS,
+                ))
+            }) {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => HookState::Unknown(e.to_string()),
+                Err(e) => HookState::Unknown(e.to_string()),
+            }
+        };
+        PodHooks {
+            host_ingress,
+            host_egress,
+            pod_egress,
+        }
+    }
+
+    /// Counters of a slot, summed over CPUs.
+    pub fn counters_of(&self, slot: u32) -> Result<abi::PodCounters, DatapathError> {
+        let v = self
+            .counters
+            .get(&slot, 0)
+            .map_err(|e| DatapathError::map(maps::COUNTERS, e))?;
+        Ok(sum_counters(&v))
+    }
+
+    /// Queue statistics of a pod's shaping qdiscs; enters the pod netns for the egress side.
+    pub fn shaping_stats(&self, rec: &PodRecord) -> Result<ShapingStats, DatapathError> {
+        let mut out = ShapingStats::default();
+        if rec.meta.ingress_rate != 0 {
+            let q = Rtnl::new()?.qdisc_stats(rec.meta.host_ifindex)?;
+            out.ingress = leaves_stats(&q, abi::CLASSID_POD_INGRESS);
+        }
+        if pod_egress_classes(&rec.meta).is_some() {
+            let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
+            let pod_ifindex = rec.meta.pod_ifindex;
+            let q = netns::run_in(&netns, || {
+                Rtnl::new().and_then(|mut rt| rt.qdisc_stats(pod_ifindex))
+            })??;
+            out.internet_egress = leaves_stats(&q, abi::CLASSID_POD_INTERNET);
+            out.other_egress = leaves_stats(&q, abi::CLASSID_POD_OTHER);
+        }
+        Ok(out)
+    }
+}

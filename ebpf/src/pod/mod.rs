@@ -1,0 +1,211 @@
+//! Per-pod attach and detach: the API the CNI plugin calls on ADD and DEL.
+//!
+//! Per pod, from the pinned objects only (shaperd need not run):
+//! - the pod is recorded in the maps (identity, IP, limits) under a free slot, counters zeroed,
+//!   and its key in the key index (`crate::datapath::index`), so ADD, DEL and CHECK find it in O(1);
+//! - `an_host_ingress` / `an_host_egress` run on the host veth as cls_bpf direct-action
+//!   filters in a clsact qdisc (not TCX: see `crate::netlink::clsact`); the device holds them, nothing
+//!   is pinned per pod;
+//! - ingress limit: HTB root on the host veth, one class (1:1) at the rate;
+//! - internet-egress and/or total egress limit: HTB root on the pod's eth0 (inside the pod
+//!   netns) with `an_pod_egress` (cls_bpf, clsact egress) choosing the class per packet: 1:10
+//!   internet, 1:20 the rest. Without a total egress limit there is no 1:20, so non-internet
+//!   traffic falls through to HTB's unshaped direct queue: internal traffic stays at line
+//!   rate. A pod without egress limits gets nothing on its eth0 (and the pod netns is not
+//!   entered at all).
+//! - every shaped class has a sparse and a bulk leaf, bounded queues both, and the programs
+//!   choose the leaf per packet ([`crate::htb::with_leaves`], `an_flows` in the ABI
+//!   header): a bulk download does not delay the pod's pings, DNS and ACKs in the same class.
+//!
+//! Shaping on the pod's own eth0 means the pod's TCP sees local backpressure (TCP small
+//! queues) instead of drops, which keeps retransmits and queueing delay low. A pod with
+//! CAP_NET_ADMIN could remove that qdisc; classification, counting and blocking happen on
+//! the host side and cannot be bypassed from the pod.
+
+mod attach;
+mod check;
+mod detach;
+mod record;
+
+use std::{net::Ipv4Addr, path::PathBuf};
+
+use crate::{
+    abi, error::DatapathError, htb::meta_frame, limits::Limits, netlink::TcStats, programs,
+    shape::Shape,
+};
+
+pub(crate) use attach::reconcile_pod_side;
+
+/// Who the pod is. Strings are stored in the pinned maps (fixed-size fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// Kubernetes namespace (`K8S_POD_NAMESPACE`), at most 63 bytes.
+    pub namespace: String,
+    /// Pod name (`K8S_POD_NAME`), at most 255 bytes.
+    pub name: String,
+    /// `CNI_CONTAINERID`, at most 127 bytes. With `ifname`, the attachment key.
+    pub container_id: String,
+    /// `CNI_IFNAME`: the pod-side interface.
+    pub ifname: String,
+    /// The pod's IPv4 address.
+    pub ip: Ipv4Addr,
+}
+
+/// Everything `attach_pod` needs.
+#[derive(Debug, Clone)]
+pub struct PodAttachment {
+    /// Host-side veth name, in the calling thread's network namespace (the node).
+    pub host_ifname: String,
+    /// `CNI_NETNS`: the pod's network namespace (`/proc/<pid>/ns/net`, `/run/netns/<x>`).
+    pub netns: PathBuf,
+    pub identity: PodIdentity,
+    pub limits: Limits,
+}
+
+/// What was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachedPod {
+    pub slot: u32,
+    pub host_ifindex: u32,
+    /// The pod's interface, if anything was installed on it (egress limits); else 0.
+    pub pod_ifindex: u32,
+    /// Traffic to the pod (host veth qdisc).
+    pub ingress: Option<Shape>,
+    /// All traffic from the pod (pod eth0 qdisc, class 1:1).
+    pub egress: Option<Shape>,
+    /// Internet-bound traffic from the pod (pod eth0 qdisc, class 1:10).
+    pub internet_egress: Option<Shape>,
+    /// The internet limit came from node policy (and follows policy reloads).
+    pub internet_from_policy: bool,
+}
+
+/// One attached pod as recorded in the maps, with its counters.
+#[derive(Debug, Clone)]
+pub struct PodRecord {
+    pub slot: u32,
+    pub meta: abi::PodMeta,
+    pub counters: abi::PodCounters,
+}
+
+impl PodRecord {
+    pub fn namespace(&self) -> String {
+        abi::cstr(&self.meta.k8s_namespace)
+    }
+    pub fn name(&self) -> String {
+        abi::cstr(&self.meta.k8s_name)
+    }
+    pub fn container_id(&self) -> String {
+        abi::cstr(&self.meta.container_id)
+    }
+    pub fn ifname(&self) -> String {
+        abi::cstr(&self.meta.ifname)
+    }
+    pub fn host_ifname(&self) -> String {
+        abi::cstr(&self.meta.host_ifname)
+    }
+    pub fn ip(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.meta.ipv4)
+    }
+    /// The largest frame of the pod's veth, bytes: what its shaping sizes derive from.
+    pub fn frame(&self) -> u64 {
+        meta_frame(&self.meta)
+    }
+}
+
+/// Queue statistics of a pod's shaping qdiscs (drops here are the "rate" drops).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShapingStats {
+    /// Leaf FIFO of the ingress limit (host veth).
+    pub ingress: Option<TcStats>,
+    /// Leaf FIFO of the internet class (pod eth0).
+    pub internet_egress: Option<TcStats>,
+    /// Leaf FIFO of the non-internet class, present with a total egress limit (pod eth0).
+    pub other_egress: Option<TcStats>,
+}
+
+pub(crate) fn fixed<const N: usize>(
+    field: &'static str,
+    s: &str,
+) -> Result<[u8; N], DatapathError> {
+    abi::fixed_str::<N>(s).ok_or_else(|| DatapathError::InvalidArgument {
+        field,
+        reason: format!("{s:?} is longer than {} bytes or contains NUL", N - 1),
+    })
+}
+
+pub(crate) fn ifindex(name: &str) -> Result<u32, DatapathError> {
+    nix::net::if_::if_nametoindex(name).map_err(|source| DatapathError::Interface {
+        name: name.to_owned(),
+        source,
+    })
+}
+
+/// How much of an attachment [`Datapath::detach_pod_with`] removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Teardown {
+    /// Everything: the filters and the clsact and HTB qdiscs on the host veth and on the
+    /// pod's interface, then the map entries. For callers whose veth stays.
+    Full,
+    /// Only the map entries and the key index entry (no netlink, no netns switch). For a caller
+    /// that deletes the host veth right after (CNI DEL) or whose veth is gone (GC): the
+    /// filters and qdiscs go with the veth, the pod-side ones with its peer. Until the veth is
+    /// deleted its filters keep classifying and dropping blocked traffic without counting it
+    /// for the pod.
+    MapsOnly,
+}
+
+/// Whether one of a pod's programs runs where it should.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookState {
+    /// Our cls_bpf filter is on the hook, running program `prog_id`.
+    Attached { prog_id: u32 },
+    /// No filter of ours on the hook.
+    Missing,
+    /// The pod has no egress limit, so its interface carries no program.
+    NotNeeded,
+    /// Could not be checked (device or netns gone, netlink refused).
+    Unknown(String),
+}
+
+impl HookState {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, HookState::Attached { .. } | HookState::NotNeeded)
+    }
+}
+
+/// The state of a pod's three program hooks ([`Datapath::hooks_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodHooks {
+    /// `an_host_ingress` on the host veth's ingress.
+    pub host_ingress: HookState,
+    /// `an_host_egress` on the host veth's egress.
+    pub host_egress: HookState,
+    /// `an_pod_egress` on the pod interface's egress (in the pod netns).
+    pub pod_egress: HookState,
+}
+
+impl PodHooks {
+    /// One line per hook that is not as it should be, naming program and device.
+    pub fn problems(&self, rec: &PodRecord) -> Vec<String> {
+        let host = rec.host_ifname();
+        let pod = rec.ifname();
+        [
+            (&self.host_ingress, programs::HOST_INGRESS, &host, "ingress"),
+            (&self.host_egress, programs::HOST_EGRESS, &host, "egress"),
+            (&self.pod_egress, programs::POD_EGRESS, &pod, "egress"),
+        ]
+        .into_iter()
+        .filter_map(|(state, prog, dev, hook)| match state {
+            HookState::Missing => Some(format!(
+                "datapath program {prog} is not attached to {dev} {hook} (slot {})",
+                rec.slot
+            )),
+            HookState::Unknown(why) => Some(format!(
+                "datapath program {prog} on {dev} {hook} (slot {}) cannot be checked: {why}",
+                rec.slot
+            )),
+            _ => None,
+        })
+        .collect()
+    }
+}

@@ -1,0 +1,204 @@
+//! One consistent read of every attached pod: identity, counters, limits, and the drops of
+//! its shaping queues.
+
+use std::path::PathBuf;
+
+use aliasnet_ebpf::{
+    abi::{self, Direction, PodCounters},
+    netlink::{Rtnl, TcStats},
+    Datapath, DatapathError,
+};
+use aliasnet_netns::NetNs;
+
+/// Configured limits of a pod in bit/s (`None` = unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodLimits {
+    /// All traffic to the pod (host veth).
+    pub ingress: Option<u64>,
+    /// All traffic from the pod (pod eth0).
+    pub egress: Option<u64>,
+    /// Internet-bound traffic from the pod (pod eth0).
+    pub internet_egress: Option<u64>,
+}
+
+impl PodLimits {
+    fn of(meta: &abi::PodMeta) -> Self {
+        let nz = |v: u64| (v != 0).then_some(v);
+        Self {
+            ingress: nz(meta.ingress_rate),
+            egress: nz(meta.egress_rate),
+            internet_egress: nz(meta.internet_egress_rate),
+        }
+    }
+
+    /// Whether packets of `dir` pass a shaping queue (and can be dropped by it).
+    pub fn shaped(&self, dir: Direction) -> bool {
+        match dir {
+            Direction::Ingress => self.ingress.is_some(),
+            Direction::Egress => self.egress.is_some() || self.internet_egress.is_some(),
+        }
+    }
+}
+
+/// One attached pod as read at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSample {
+    pub slot: u32,
+    /// With `slot`, identifies one attachment: a re-ADD in the same slot is a new pod.
+    pub attached_unix_ns: u64,
+    pub namespace: String,
+    /// The pod name, or the container ID when the runtime passed no `K8S_POD_NAME`.
+    pub pod: String,
+    pub ip: std::net::Ipv4Addr,
+    pub host_ifindex: u32,
+    pub pod_ifindex: u32,
+    pub netns: PathBuf,
+    pub counters: PodCounters,
+    pub limits: PodLimits,
+    /// Packets dropped by the shaping queue, per direction index; `None` where the pod is not
+    /// shaped or its queue could not be read this time.
+    pub rate_drops: [Option<u64>; abi::NR_DIRS],
+}
+
+impl PodSample {
+    pub(super) fn key(&self) -> (u32, u64) {
+        (self.slot, self.attached_unix_ns)
+    }
+}
+
+/// Every attached pod, read consistently pod by pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub pods: Vec<PodSample>,
+}
+
+/// Same attachment in both reads: the identity did not change while counters were read.
+fn same_attachment(a: &abi::PodMeta, b: &abi::PodMeta) -> bool {
+    b.flags & abi::META_IN_USE != 0
+        && a.attached_unix_ns == b.attached_unix_ns
+        && a.container_id == b.container_id
+        && a.ifname == b.ifname
+}
+
+impl Snapshot {
+    /// Reads the maps. A pod attached or detached during the read is either complete in the
+    /// snapshot or absent (its metadata is read before and after its counters and must
+    /// match), never mixed with another pod's counters. With `qdiscs`, the shaping queues'
+    /// drop counters are read too (one netns switch per pod with egress limits).
+    pub fn read(dp: &Datapath, qdiscs: bool) -> Result<Self, DatapathError> {
+        let mut pods = Vec::new();
+        for slot in 0..abi::MAX_PODS {
+            let meta = dp.meta_at(slot)?;
+            if meta.flags & abi::META_IN_USE == 0 {
+                continue;
+            }
+            let counters = dp.counters_of(slot)?;
+            let after = dp.meta_at(slot)?;
+            if !same_attachment(&meta, &after) {
+                continue;
+            }
+            let name = abi::cstr(&after.k8s_name);
+            pods.push(PodSample {
+                slot,
+                attached_unix_ns: after.attached_unix_ns,
+                namespace: abi::cstr(&after.k8s_namespace),
+                pod: if name.is_empty() {
+                    abi::cstr(&after.container_id)
+                } else {
+                    name
+                },
+                ip: std::net::Ipv4Addr::from(after.ipv4),
+                host_ifindex: after.host_ifindex,
+                pod_ifindex: after.pod_ifindex,
+                netns: PathBuf::from(abi::cstr(&after.netns)),
+                counters,
+                limits: PodLimits::of(&after),
+                rate_drops: [None; abi::NR_DIRS],
+            });
+        }
+        let mut snap = Self { pods };
+        if qdiscs {
+            snap.read_rate_drops();
+        }
+        Ok(snap)
+    }
+
+    /// Fills `rate_drops` from the HTB classes of the pods' limits: a class counts the
+    /// packets its leaf queue refused, and, unlike qdiscs, classes are dumped per device (a
+    /// qdisc dump walks every device of the namespace, quadratic over a node's veths).
+    /// Failures (a pod netns or veth that just went away) leave `None`: the exporter then
+    /// repeats the last value.
+    fn read_rate_drops(&mut self) {
+        // Egress classes live in the pods' netns: worker threads visit them in turn (entering
+        // one changes only the worker's namespace), while this thread reads the ingress
+        // classes of the node's netns.
+        let wanted: Vec<(usize, PathBuf, u32)> = self
+            .pods
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.limits.shaped(Direction::Egress) && p.pod_ifindex != 0)
+            .map(|(i, p)| (i, p.netns.clone(), p.pod_ifindex))
+            .collect();
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, MAX_NETNS_WORKERS);
+        let chunk = wanted.len().div_ceil(workers).max(1);
+        let pods = &mut self.pods;
+        let found: Vec<(usize, u64)> = std::thread::scope(|s| {
+            let handles: Vec<_> = wanted
+                .chunks(chunk)
+                .map(|part| s.spawn(move || egress_class_drops(part)))
+                .collect();
+            if pods.iter().any(|p| p.limits.shaped(Direction::Ingress)) {
+                if let Ok(mut rt) = Rtnl::new() {
+                    for p in pods.iter_mut() {
+                        if p.limits.shaped(Direction::Ingress) {
+                            p.rate_drops[Direction::Ingress.index()] = rt
+                                .class_stats(p.host_ifindex)
+                                .ok()
+                                .map(|c| class_drops(&c, &[abi::CLASSID_POD_INGRESS]));
+                        }
+                    }
+                }
+            }
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        for (i, drops) in found {
+            self.pods[i].rate_drops[Direction::Egress.index()] = Some(drops);
+        }
+    }
+}
+
+/// Threads reading pods' egress classes in parallel during a scrape.
+const MAX_NETNS_WORKERS: usize = 4;
+
+/// Packets the listed shaped classes dropped (HTB counts drops on the leaves).
+fn class_drops(stats: &[TcStats], classes: &[u32]) -> u64 {
+    classes
+        .iter()
+        .flat_map(|c| [c + abi::LEAF_SPARSE, c + abi::LEAF_BULK])
+        .filter_map(|c| stats.iter().find(|s| s.handle == c))
+        .map(|s| s.drops)
+        .sum()
+}
+
+/// Runs on its own thread: enters each pod's netns in turn and reads its egress classes'
+/// drops.
+fn egress_class_drops(pods: &[(usize, PathBuf, u32)]) -> Vec<(usize, u64)> {
+    let mut out = Vec::with_capacity(pods.len());
+    for (i, path, ifindex) in pods {
+        let Ok(ns) = NetNs::open(path) else { continue };
+        // The socket binds to the namespace current at creation.
+        let stats = ns.enter(|| Rtnl::new().and_then(|mut rt| rt.class_stats(*ifindex)));
+        if let Ok(Ok(c)) = stats {
+            out.push((
+                *i,
+                class_drops(&c, &[abi::CLASSID_POD_INTERNET, abi::CLASSID_POD_OTHER]),
+            ));
+        }
+    }
+    out
+}
