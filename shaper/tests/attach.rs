@@ -30,7 +30,7 @@ fn c(packets: u64) -> abi::Counter {
 /// attached with TCX, which per-pod hooks must not use (an RCU wait under RTNL per attach).
 fn programs(f: &Fabric, dev: &str, role: &str, hook: Hook) -> Vec<String> {
     let dev = dev.to_owned();
-    aliasnet_netns::run_in(&f.ns_path(role), move || {
+    aliasnet_netns::run_in(f.ns_path(role), move || {
         let t = match hook {
             Hook::Ingress => TcAttachType::Ingress,
             Hook::Egress => TcAttachType::Egress,

@@ -44,7 +44,7 @@ fn counter(f: &Fabric, dir: Direction, class: Class) -> abi::Counter {
 /// Program id our cls_bpf filter on `dev`'s `hook` runs (in netns `role`).
 fn filter_prog_id(f: &Fabric, role: &str, dev: &str, hook: Hook) -> u32 {
     let dev = dev.to_owned();
-    aliasnet_netns::run_in(&f.ns_path(role), move || {
+    aliasnet_netns::run_in(f.ns_path(role), move || {
         let ifindex = nix::net::if_::if_nametoindex(dev.as_str()).expect("ifindex");
         Rtnl::new()
             .expect("rtnl")
@@ -346,7 +346,7 @@ fn upgrade_switches_live_filters_to_new_programs() {
     );
     // The new pod program classes internet traffic into the 10 Mbit/s class again.
     let internet_class = || {
-        aliasnet_netns::run_in(&f.ns_path("pod"), || {
+        aliasnet_netns::run_in(f.ns_path("pod"), || {
             let ifindex = nix::net::if_::if_nametoindex("eth0").expect("ifindex");
             Rtnl::new()
                 .and_then(|mut rt| rt.class_stats(ifindex))

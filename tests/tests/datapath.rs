@@ -586,7 +586,7 @@ fn del_check_and_gc_keep_the_maps_in_step() {
 
     // The attachment removed behind the plugin's back: CHECK names it.
     let mut dp = open(n);
-    let found = aliasnet_netns::run_in(&n.ns.path(), || dp.detach_pod(&b.container_id, "eth0"))
+    let found = aliasnet_netns::run_in(n.ns.path(), || dp.detach_pod(&b.container_id, "eth0"))
         .unwrap()
         .unwrap();
     assert!(found);

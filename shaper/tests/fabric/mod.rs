@@ -358,7 +358,7 @@ impl Fabric {
 
     /// Runs `f` on a thread inside the node's network namespace (bpffs stays visible).
     pub fn in_node<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        netns::run_in(&self.ns_path("node"), f).expect("enter node netns")
+        netns::run_in(self.ns_path("node"), f).expect("enter node netns")
     }
 
     pub fn open(&self) -> Datapath {
