@@ -1,11 +1,21 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * aliasnet kernel <-> userspace ABI: map keys, values and constants shared by
- * the tc programs in ebpf/ (the .bpf.c files) and their Rust mirrors (ebpf/src/abi.rs).
+ * aliasnet kernel <-> userspace ABI: the layout of every pinned map (type, key, value,
+ * capacity) and the values stored in them, shared by the tc programs (the .bpf.c files in ebpf/) and
+ * their Rust mirrors (ebpf/src/abi.rs).
  *
- * Rules: fixed-width types only, explicit padding, every struct size asserted
- * here and in abi.rs with the same number. Changing a layout means bumping
- * AN_ABI_VERSION: the shaper refuses to reuse pinned maps of another version.
+ * Rules: fixed-width types only, explicit padding, every struct size asserted here and in
+ * abi.rs with the same number; a test compares every field offset in the object's BTF
+ * with the Rust side, and every map definition with abi.rs's map table.
+ *
+ * AN_ABI_VERSION covers everything in this file: the structs, the map definitions built
+ * from them (including the attachment-key index userspace pins next to the programs'
+ * maps), the values stored in them (classes, flags, connection states, the an_vqueue and
+ * an_flows indexing) and the HTB class ids the programs write, which name classes that
+ * outlive a program upgrade on the pods' devices. Changing any of it means bumping the
+ * version: the loader refuses to reuse pinned maps of another version. Tuning constants
+ * and benchmark switches (aliasnet_tuning.h) change behaviour, not layout, and are not
+ * covered.
  */
 #ifndef ALIASNET_ABI_H
 #define ALIASNET_ABI_H
@@ -41,9 +51,9 @@
  * packets), and a "bulk" leaf (classid + 2, prio 1) for the rest. Both leaves share the
  * class's rate; the sparse one is served first, so a bulk flow's queue does not delay
  * other flows of the pod, as fq_codel's sparse flows are not (on kernels without sch_fq,
- * fq_codel or sfq, this is the flow isolation there is). The programs write the leaf's class id to skb->priority, which HTB
- * uses directly when no tc filter is installed; a value naming no class falls through to
- * HTB's default class.
+ * fq_codel or sfq, this is the flow isolation there is). The programs write the leaf's
+ * class id to skb->priority, which HTB uses directly when no tc filter is installed; a
+ * value naming no class falls through to HTB's default class.
  */
 #define AN_HTB_MAJOR 1
 #define AN_CLASSID_POD_INGRESS 0x00010001  /* host veth: 1:1 the pod's ingress limit */
@@ -54,11 +64,11 @@
 #define AN_LEAF_BULK 2                     /* minor offset of a class's bulk leaf */
 
 /*
- * LPM trie key. The data part is {gen, addr}: every entry has prefixlen >= 32,
- * so a lookup only matches entries of the generation it asks for. Userspace
- * writes the new policy under the inactive generation, flips an_config.active_gen
- * (one aligned 32-bit store), then deletes the old generation: each packet sees
- * either the whole old or the whole new policy.
+ * an_prefixes: LPM trie. The key's data part is {gen, addr}: every entry has
+ * prefixlen >= 32, so a lookup only matches entries of the generation it asks for.
+ * Userspace writes the new policy under the inactive generation, flips
+ * an_config.active_gen (one aligned 32-bit store), then deletes the old generation: each
+ * packet sees either the whole old or the whole new policy.
  */
 struct an_lpm_key {
 	__u32 prefixlen; /* 32 + IPv4 prefix length */
@@ -73,19 +83,9 @@ struct an_lpm_value {
 };
 _Static_assert(sizeof(struct an_lpm_value) == 8, "an_lpm_value size");
 
-/* an_config.flags */
-/* Switch the queue model off: no CE marks, no pod-side drops (see an_vqueue). Not set by
- * policy; benchmarks use it to compare with and without in one run. */
-#define AN_CFG_AQM_OFF 1
-/* Switch flow isolation off: every packet of a shaped class goes to its bulk leaf. Not set
- * by policy; benchmarks use it to compare with and without in one run. */
-#define AN_CFG_FLOWS_OFF 2
-/* Switch receive-window clamping off (see an_conns). Benchmarks only, like the two above. */
-#define AN_CFG_CLAMP_OFF 4
-
 /*
- * an_config[0]. The programs read active_gen, flags and node_internet_cap; the rest is the
- * applied policy for userspace.
+ * an_config[0]. The programs read active_gen, flags (the switches in aliasnet_tuning.h)
+ * and node_internet_cap; the rest is the applied policy for userspace.
  */
 struct an_config {
 	__u32 abi_version;
@@ -94,7 +94,7 @@ struct an_config {
 	__u64 default_internet_rate;    /* bit/s per pod, 0 = unlimited */
 	__u64 node_internet_cap;        /* bit/s for all pods together, 0 = none */
 	__u32 uplink_ifindex;           /* where the node cap is applied, 0 = none */
-	__u32 flags;
+	__u32 flags;                    /* AN_CFG_* */
 	__u32 uplink_frame;             /* the uplink's largest frame, bytes (see AN_MIN_FRAME) */
 	__u32 uplink_gso_max;           /* the uplink's largest GSO/GRO aggregate, bytes */
 	__u64 reserved[2];
@@ -138,9 +138,10 @@ struct an_node_counters {
 _Static_assert(sizeof(struct an_node_counters) == 32, "an_node_counters size");
 
 /*
- * an_pod_meta: array indexed by slot, userspace only. The pinned maps are the
- * single record of attached pods, so that a restarted shaperd, the metrics
- * exporter and the CNI plugin all see the same state.
+ * an_pod_meta: array indexed by slot, written by userspace only; the programs read a
+ * pod's rates and frame size from it. The pinned maps are the single record of attached
+ * pods, so that a restarted shaperd, the metrics exporter and the CNI plugin all see the
+ * same state.
  */
 #define AN_META_IN_USE 1
 #define AN_META_INTERNET_FROM_POLICY 2 /* internet rate came from node policy, follows reloads */
@@ -168,13 +169,22 @@ struct an_pod_meta {
 _Static_assert(sizeof(struct an_pod_meta) == 808, "an_pod_meta size");
 
 /*
- * an_vqueue: array, the modelled queue of every shaped class. The programs see each
- * packet before the class's qdisc does, so they model its backlog at the class rate (as
- * Cilium's EDT does, with the class's HTB burst as credit and the leaf's drop-tail
- * limit) and CE-mark an ECN-capable packet that would wait longer than the marking
- * threshold: ECN TCP then backs off before the drop-tail queue overflows, also on
- * kernels without an AQM qdisc. On the pod side, where senders are local, a TCP data segment that cannot
- * be marked is dropped instead (a congestion signal, not a loss, for a local sender).
+ * an_pod_keys: hash, the attachment-key index, userspace only: (container ID, ifname),
+ * NUL padded as in an_pod_meta -> slot, AN_MAX_PODS entries, so that ADD, DEL and CHECK
+ * find a pod with one lookup. Userspace creates and pins it next to the programs' maps;
+ * an_pod_meta stays the truth.
+ */
+struct an_pod_key {
+	char container_id[128]; /* as an_pod_meta.container_id */
+	char ifname[16];        /* as an_pod_meta.ifname */
+};
+_Static_assert(sizeof(struct an_pod_key) == 144, "an_pod_key size");
+
+/*
+ * an_vqueue: array, the modelled queue of every shaped class (see the queue model in
+ * aliasnet_tuning.h), with its CE-mark and drop counters and the bitmaps of the flows with
+ * a backlog in its bulk leaf (an_flows buckets): those that sent a bulk packet in the
+ * current epoch of AN_FLOW_EPOCH_NS, and in the one before.
  * Index: slot * AN_VQ_PER_POD + AN_VQ_{INGRESS,EGRESS,INTERNET}, or AN_VQ_NODE_CAP.
  */
 #define AN_VQ_PER_POD 3
@@ -185,55 +195,6 @@ _Static_assert(sizeof(struct an_pod_meta) == 808, "an_pod_meta size");
 #define AN_VQ_ENTRIES 3073
 _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES == AN_VQ_NODE_CAP + 1,
 	       "an_vqueue index");
-
-/*
- * Sizes in "frames" are in units of the device's largest frame (MTU + Ethernet header,
- * an_pod_meta.frame and an_config.uplink_frame), never of a fixed 1500-byte MTU: no bucket,
- * queue, threshold or window may be smaller than a packet the device can hand the qdisc
- * without segmenting it. At a rate where one frame takes longer than a time target (9014
- * bytes at 1 Mbit/s: 72 ms) the frame floor wins and the delay grows with the frame.
- * AN_MIN_FRAME is used only for a record that carries no frame size.
- */
-#define AN_MIN_FRAME 1514
-
-/*
- * Marking threshold (modelled queueing delay): 2 ms up to 10 Mbit/s, growing in proportion
- * to the rate up to 10 ms from 50 Mbit/s, and at least 2 frames. Measured on veth
- * with one cubic + ECN flow: at 10 Mbit/s 2 ms kept the rate at 95 % of the configured
- * (goodput) with ~2 ms of queue, 5-10 ms lost 1-5 %; at 100 Mbit/s and 1 Gbit/s 2 ms
- * lost 3-6 % (the window cut empties a queue that holds only a few of the sender's GSO
- * aggregates) and 10 ms did not. See notes/shaping-bench.md.
- */
-#define AN_ECN_MARK_MIN_NS 2000000
-#define AN_ECN_MARK_MAX_NS 10000000
-#define AN_ECN_MARK_REF_RATE 10000000
-#define AN_ECN_MARK_FRAMES 2
-/*
- * Shaper sizes, shared with the shaper's Shape so that the model matches the qdiscs.
- * HTB class burst when the pod sets none: 10 ms at the rate, at least 4 of the class's
- * segments (see AN_SEG_NS) and at least one frame; a burst the pod sets has the same floor.
- * (A larger floor lets a slow class send for hundreds of ms at line rate after idle: 4
- * jumbo frames are 288 ms at 1 Mbit/s, which misleads TCP's RTT estimate.)
- * Forwarded traffic (tbf bulk leaf): bucket of 1 ms, at least 2 frames (a GSO aggregate
- * larger than the bucket is segmented, a frame always fits), refilled a little faster than
- * the class (HTB shapes, see the shaper's Shape), and a drop-tail queue of 25 ms at the
- * rate, at least AN_LEAF_QUEUE_FRAMES frames: room for the window clamp's floor
- * (AN_WND_MIN_FRAMES) plus the bucket, so a clamped sender never overflows it. The class's
- * HTB burst is the model's burst credit on both sides.
- */
-#define AN_DEFAULT_BURST_NS 10000000
-#define AN_DEFAULT_BURST_FRAMES 4
-#define AN_LEAF_BURST_NS 1000000
-#define AN_LEAF_BURST_FRAMES 2
-#define AN_LEAF_QUEUE_NS 25000000
-#define AN_LEAF_QUEUE_FRAMES 6
-
-/*
- * Flows with a backlog in a class's bulk leaf, as bitmaps of their an_flows buckets: those
- * that sent a bulk packet in the current epoch of AN_FLOW_EPOCH_NS, and in the one before.
- * The window clamp shares its allowance among them (see an_conns).
- */
-#define AN_FLOW_EPOCH_NS 100000000
 
 struct an_vqueue {
 	__u64 t_empty;    /* bpf_ktime_get_ns() at which the modelled backlog drains */
@@ -246,22 +207,15 @@ struct an_vqueue {
 _Static_assert(sizeof(struct an_vqueue) == 48, "an_vqueue size");
 
 /*
- * an_flows: array, per shaped class (an_vqueue index) AN_FLOW_BUCKETS buckets of flow state,
- * indexed by a hash of the 5-tuple (addresses and protocol only for fragments). A packet goes
- * to its class's sparse leaf when (1) none of its flow's packets is left in the bulk leaf
- * (by the class's modelled queue, plus AN_FLOW_GUARD_FRAMES, so a flow is never reordered)
- * and (2) the flow is within its sparse budget: a token bucket of AN_FLOW_BURST_FRAMES of
- * the class's segments (see AN_SEG_NS) refilled at rate / AN_FLOW_RATE_DIV. A GSO skb of more than the budget, or a flow
- * faster than the refill, goes to the bulk leaf and stays there while it has a backlog.
- * The sparse leaf is guaranteed rate / AN_SPARSE_RATE_DIV of the class (and may borrow up
- * to all of it); the bulk leaf the rest. Buckets are shared by colliding flows, as in fq_codel.
+ * an_flows: array, per shaped class (an_vqueue index) AN_FLOW_BUCKETS buckets of flow
+ * state, indexed by a hash of the 5-tuple (addresses and protocol only for fragments).
+ * Buckets are shared by colliding flows, as in fq_codel; a bucket is one bit of the
+ * an_vqueue bitmaps. How a packet picks its class's sparse or bulk leaf is in
+ * aliasnet_tuning.h.
  */
 #define AN_FLOW_BUCKETS 64
 #define AN_FLOW_ENTRIES (AN_VQ_ENTRIES * AN_FLOW_BUCKETS)
-#define AN_FLOW_BURST_FRAMES 2
-#define AN_FLOW_RATE_DIV 16
-#define AN_FLOW_GUARD_FRAMES 1
-#define AN_SPARSE_RATE_DIV 4
+_Static_assert(AN_FLOW_BUCKETS <= 64, "a bucket is a bit of an_vqueue.flows_cur");
 
 struct an_flow {
 	__u64 t_bulk;   /* modelled departure of the flow's last packet sent to the bulk leaf */
@@ -270,37 +224,11 @@ struct an_flow {
 _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
 
 /*
- * an_conns: LRU hash, TCP connections of pods with an ingress limit, learnt from their
- * handshakes on the host veth. Traffic to such a pod comes from remote senders whose
- * congestion control the shaper cannot signal without losses when it ignores ECN (BBRv1
- * overshoots any drop-tail queue in its startup), so the pod's advertised receive window is
- * capped at rate x handshake RTT + AN_WND_QUEUE_NS of the rate (at least AN_WND_MIN_FRAMES
- * frames), shared among the flows with a backlog in the class (an_vqueue.flows_*),
- * at least AN_WND_MIN_FLOW_FRAMES per connection: the senders together can then never have
- * more in flight than the path plus a short queue, whatever their congestion control. Only
- * lowered, never raised; not in SYNs; only for connections whose window scale the program
- * saw agreed in the handshake.
- *
- * The node's internet cap (on the uplink) is the same case the other way round: its senders
- * are the pods, and a drop there is a loss for them. So while a cap is set, the remote's
- * windows in the ACKs to a pod's internet connections are capped the same way, at the cap's
- * rate and shared among the flows with a backlog in the cap's class, with the uplink's frame
- * as the unit of the floors.
+ * an_conns: LRU hash, TCP connections of pods whose windows are clamped (see the window
+ * clamp in aliasnet_tuning.h), learnt from their handshakes on the host veth: the window
+ * scales both sides agreed and the handshake's round trip.
  */
-/*
- * A shaped class asks TCP for segments of at most AN_SEG_NS of its rate (never below a
- * 1500-byte network's, AN_MIN_FRAME): the MSS option of the handshake is lowered to that
- * (the pod's MSS for its ingress limit; the remote's for the pod's egress limits and the
- * node cap), and the clamp's floors and the sparse budget are in frames of that size. Above
- * ~72 Mbit/s a 9000-byte MTU's segments pass as they are.
- */
-#define AN_SEG_NS 1000000
 #define AN_MAX_CONNS 65536
-#define AN_WND_QUEUE_NS 16000000
-#define AN_WND_MIN_FRAMES 4
-#define AN_WND_MIN_FLOW_FRAMES 2
-_Static_assert(AN_LEAF_QUEUE_FRAMES >= AN_WND_MIN_FRAMES + AN_LEAF_BURST_FRAMES,
-	       "a clamped sender fits the leaf queue");
 #define AN_CONN_SYN_SENT 1    /* the pod sent a SYN; its window scale holds if the SYN-ACK agrees */
 #define AN_CONN_SYNACK_SENT 2 /* the pod answered a SYN; RTT from its SYN-ACK to the next ACK */
 #define AN_CONN_ESTABLISHED 3

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Headers every part of the datapath uses, and the arithmetic of rates, frames and time. */
+#ifndef ALIASNET_LIB_COMMON_H
+#define ALIASNET_LIB_COMMON_H
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/udp.h>
+#include <stddef.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "aliasnet_abi.h"
+#include "aliasnet_tuning.h"
+
+#define NSEC_PER_SEC 1000000000ULL
+
+/* Time to send `bytes` at `rate` bit/s (rate > 0). */
+static __always_inline __u64 tx_ns(__u64 bytes, __u64 rate)
+{
+	return bytes * 8 * NSEC_PER_SEC / rate;
+}
+
+/* `ns`, or `frames` frames of `frame` bytes at `rate` if that takes longer. */
+static __always_inline __u64 at_least(__u64 ns, __u64 frames, __u64 frame, __u64 rate)
+{
+	__u64 f = tx_ns(frames * frame, rate);
+
+	return f > ns ? f : ns;
+}
+
+/* A device's largest frame as recorded by userspace, or AN_MIN_FRAME if unrecorded. */
+static __always_inline __u64 frame_of(__u32 recorded)
+{
+	return recorded ? recorded : AN_MIN_FRAME;
+}
+
+/*
+ * The largest frame TCP is asked to send into a class at `rate` on a device whose frame is
+ * `frame`: AN_SEG_NS of the rate, never below AN_MIN_FRAME nor above the device's frame. On
+ * a jumbo-frame device a slow class then gets segments of a 1500-byte network, so its window
+ * clamp, queue and flow isolation work in the same units there (9014 bytes take 7.2 ms at
+ * 10 Mbit/s; four flows' window floors of two such frames overflow a 25 ms queue).
+ */
+static __always_inline __u64 seg_frame(__u64 rate, __u64 frame)
+{
+	__u64 f = rate / 8 / (NSEC_PER_SEC / AN_SEG_NS);
+
+	if (f < AN_MIN_FRAME)
+		f = AN_MIN_FRAME;
+	return f < frame ? f : frame;
+}
+
+/* Whether the part of the datapath that an_config.flags bit `off` switches off is on. */
+static __always_inline int feature_on(const struct an_config *cfg, __u32 off)
+{
+	return !cfg || !(cfg->flags & off);
+}
+
+#endif /* ALIASNET_LIB_COMMON_H */
