@@ -14,33 +14,33 @@ use super::{
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawConfig {
+struct RawConfig {
     #[serde(default = "default_socket")]
-    pub(super) socket: PathBuf,
+    socket: PathBuf,
     #[serde(default = "default_state_dir")]
-    pub(super) state_dir: PathBuf,
+    state_dir: PathBuf,
     #[serde(default = "default_spool_dir")]
-    pub(super) spool_dir: PathBuf,
+    spool_dir: PathBuf,
     #[serde(default)]
-    pub(super) cooldown: Option<String>,
+    cooldown: Option<String>,
     #[serde(default)]
-    pub(super) on_only_cooling: OnOnlyCooling,
+    on_only_cooling: OnOnlyCooling,
     #[serde(default = "default_prefix")]
-    pub(super) host_veth_prefix: String,
+    host_veth_prefix: String,
     #[serde(default = "default_log_level")]
-    pub(super) log_level: String,
+    log_level: String,
     #[serde(default)]
-    pub(super) log_file: Option<PathBuf>,
+    log_file: Option<PathBuf>,
     #[serde(default = "default_metrics_address")]
-    pub(super) metrics_address: String,
+    metrics_address: String,
     #[serde(default)]
-    pub(super) reconcile_interval: Option<String>,
+    reconcile_interval: Option<String>,
     #[serde(default)]
-    pub(super) reconcile_grace: Option<String>,
+    reconcile_grace: Option<String>,
     #[serde(default)]
-    pub(super) gc_grace: Option<String>,
+    gc_grace: Option<String>,
     #[serde(default, rename = "pool")]
-    pub(super) pools: Vec<RawPool>,
+    pools: Vec<RawPool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,22 +68,22 @@ pub(super) struct RawPool {
     pub(super) timeout: Option<String>,
 }
 
-pub(super) fn default_socket() -> PathBuf {
+fn default_socket() -> PathBuf {
     aliasnet_ipam_proto::DEFAULT_SOCKET.into()
 }
-pub(super) fn default_state_dir() -> PathBuf {
+fn default_state_dir() -> PathBuf {
     DEFAULT_STATE_DIR.into()
 }
-pub(super) fn default_spool_dir() -> PathBuf {
+fn default_spool_dir() -> PathBuf {
     aliasnet_ipam_proto::DEFAULT_SPOOL_DIR.into()
 }
-pub(super) fn default_prefix() -> String {
+fn default_prefix() -> String {
     aliasnet_ipam_proto::DEFAULT_HOST_VETH_PREFIX.into()
 }
-pub(super) fn default_log_level() -> String {
+fn default_log_level() -> String {
     "info".into()
 }
-pub(super) fn default_metrics_address() -> String {
+fn default_metrics_address() -> String {
     DEFAULT_METRICS_ADDRESS.into()
 }
 
@@ -237,7 +237,7 @@ impl Config {
     }
 }
 
-pub(super) fn check_veth_prefix(p: &str) -> Result<(), String> {
+fn check_veth_prefix(p: &str) -> Result<(), String> {
     if p.is_empty() || p.len() > MAX_VETH_PREFIX {
         return Err(format!(
             "must be 1 to {MAX_VETH_PREFIX} characters, got {p:?}"

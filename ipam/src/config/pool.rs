@@ -252,7 +252,7 @@ pub(super) fn build_pool(
 }
 
 /// Validate an `azure-imds` pool's endpoint and timings; errors are (field, message).
-pub(super) fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, String)> {
+fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, String)> {
     let url = rp
         .url
         .clone()
@@ -330,7 +330,7 @@ pub fn check_metadata_url(url: &str) -> Result<String, String> {
     Ok(format!("{ip}:{port}"))
 }
 
-pub(super) fn describe(rp: &RawPool) -> String {
+fn describe(rp: &RawPool) -> String {
     let all: Vec<&str> = rp
         .cidrs
         .iter()

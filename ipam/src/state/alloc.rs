@@ -41,7 +41,7 @@ impl State {
     }
 
     /// The recovered lease (key unknown) of host veth `veth`, if any.
-    pub(super) fn recovered_of(&self, veth: &str) -> Option<u32> {
+    fn recovered_of(&self, veth: &str) -> Option<u32> {
         self.recovered.get(veth).copied()
     }
 
@@ -151,7 +151,7 @@ impl State {
 
     /// `reuse-oldest`: the cooling address released longest ago among `eligible` (not held,
     /// still present).
-    pub(super) fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<(usize, u32)> {
+    fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<(usize, u32)> {
         let mut best: Option<(u64, usize, usize)> = None;
         for &p in eligible {
             let pool = &self.pools[p];

@@ -145,7 +145,7 @@ impl State {
 
     /// A metadata pool's new slot `idx` for `a`: leased if an orphaned lease holds the address
     /// (a lease recorded before the pool knew it), cooling if it was released before a restart.
-    pub(super) fn place_new(&mut self, p: usize, idx: u32, a: u32) {
+    fn place_new(&mut self, p: usize, idx: u32, a: u32) {
         if let Some(id) = self.leases.by_addr(a) {
             self.orphans -= 1;
             self.leases.get_mut(id).pool_name = p as u16;

@@ -80,7 +80,7 @@ impl State {
 
     /// Whether `link` is lease `id`'s own host veth: named like ours, and the one recorded for
     /// it (or, for a lease recorded without one, the name its key hashes to).
-    pub(super) fn link_is_leases(&self, id: u32, link: &str) -> bool {
+    fn link_is_leases(&self, id: u32, link: &str) -> bool {
         if !is_ours(link, &self.veth_prefix) {
             return false;
         }
@@ -91,7 +91,7 @@ impl State {
         }
     }
 
-    pub(super) fn release_id(
+    fn release_id(
         &mut self,
         id: u32,
         teardown: Option<&str>,

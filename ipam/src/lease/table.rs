@@ -1,0 +1,174 @@
+//! The lease table: a chunked slab of entries indexed by key and by address.
+
+use std::{collections::BTreeMap, hash::BuildHasher};
+
+use hashbrown::HashTable;
+
+use super::*;
+
+/// Why an insert was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertError {
+    /// The key already holds a lease (its id).
+    Key(u32),
+    /// The address is already leased (the holder's id).
+    Addr(u32),
+}
+
+type Hasher = foldhash::fast::FixedState;
+
+/// Entries per slab chunk.
+const CHUNK: usize = 4096;
+
+/// Slab storage in fixed chunks: it grows 160 KiB at a time, so a big table never has the
+/// up-to-half-empty tail (and the copy) of a doubling `Vec`.
+#[derive(Default)]
+struct Slab {
+    chunks: Vec<Box<[Option<LeaseEntry>]>>,
+    len: usize,
+}
+
+impl Slab {
+    fn get(&self, id: u32) -> &Option<LeaseEntry> {
+        let i = id as usize;
+        &self.chunks[i / CHUNK][i % CHUNK]
+    }
+
+    fn get_mut(&mut self, id: u32) -> &mut Option<LeaseEntry> {
+        let i = id as usize;
+        &mut self.chunks[i / CHUNK][i % CHUNK]
+    }
+
+    fn push(&mut self, e: LeaseEntry) -> u32 {
+        if self.len == self.chunks.len() * CHUNK {
+            self.chunks.push(
+                (0..CHUNK)
+                    .map(|_| None)
+                    .collect::<Vec<_>>()
+                    .into_boxed_slice(),
+            );
+        }
+        let id = self.len as u32;
+        self.len += 1;
+        *self.get_mut(id) = Some(e);
+        id
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, &LeaseEntry)> {
+        self.chunks
+            .iter()
+            .flat_map(|c| c.iter())
+            .take(self.len)
+            .enumerate()
+            .filter_map(|(i, e)| e.as_ref().map(|e| (i as u32, e)))
+    }
+}
+
+/// All leases: a slab of entries, a hash index by key and an ordered index by address.
+#[derive(Default)]
+pub struct LeaseTable {
+    slab: Slab,
+    vacant: Vec<u32>,
+    index: HashTable<u32>,
+    by_addr: BTreeMap<u32, u32>,
+    hasher: Hasher,
+}
+
+impl LeaseTable {
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            index: HashTable::with_capacity(n),
+            ..Self::default()
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_addr.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_addr.is_empty()
+    }
+
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The id of the lease of `key` (encoded).
+    pub fn find(&self, key: &[u8]) -> Option<u32> {
+        let h = self.hash(key);
+        self.index
+            .find(h, |&id| {
+                self.slab.get(id).as_ref().is_some_and(|e| e.key() == key)
+            })
+            .copied()
+    }
+
+    pub fn get(&self, id: u32) -> &LeaseEntry {
+        self.slab.get(id).as_ref().expect("live lease id")
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> &mut LeaseEntry {
+        self.slab.get_mut(id).as_mut().expect("live lease id")
+    }
+
+    pub fn by_addr(&self, addr: u32) -> Option<u32> {
+        self.by_addr.get(&addr).copied()
+    }
+
+    pub fn insert(&mut self, e: LeaseEntry) -> Result<u32, InsertError> {
+        // One hash, one probe of each index (loading 200,000 leases is mostly this).
+        let h = self.hash(e.key());
+        let (slab, hasher) = (&self.slab, &self.hasher);
+        let key_slot = match self.index.entry(
+            h,
+            |&id| slab.get(id).as_ref().is_some_and(|x| x.key() == e.key()),
+            |&i| hasher.hash_one(slab.get(i).as_ref().expect("indexed").key()),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(o) => return Err(InsertError::Key(*o.get())),
+            hashbrown::hash_table::Entry::Vacant(v) => v,
+        };
+        let addr_slot = match self.by_addr.entry(e.addr) {
+            std::collections::btree_map::Entry::Occupied(o) => {
+                return Err(InsertError::Addr(*o.get()))
+            }
+            std::collections::btree_map::Entry::Vacant(v) => v,
+        };
+        let id = match self.vacant.pop() {
+            Some(id) => {
+                *self.slab.get_mut(id) = Some(e);
+                id
+            }
+            None => self.slab.push(e),
+        };
+        key_slot.insert(id);
+        addr_slot.insert(id);
+        Ok(id)
+    }
+
+    pub fn remove(&mut self, id: u32) -> LeaseEntry {
+        let e = self.slab.get_mut(id).take().expect("live lease id");
+        let h = self.hash(e.key());
+        if let Ok(o) = self.index.find_entry(h, |&i| i == id) {
+            o.remove();
+        }
+        self.by_addr.remove(&e.addr);
+        self.vacant.push(id);
+        e
+    }
+
+    /// Every lease, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &LeaseEntry)> {
+        self.slab.iter()
+    }
+
+    /// (address, id) of leases with an address above `after` (all when `None`), ascending.
+    pub fn after_addr(&self, after: Option<u32>) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let range = match after {
+            None => self.by_addr.range(..),
+            Some(u32::MAX) => self.by_addr.range(u32::MAX..u32::MAX),
+            Some(a) => self.by_addr.range(a + 1..),
+        };
+        range.map(|(a, i)| (*a, *i))
+    }
+}

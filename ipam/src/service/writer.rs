@@ -1,0 +1,158 @@
+//! The group-commit writer thread and the compactions it starts.
+
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc;
+
+use crate::{
+    clock::Clock,
+    store::{self, record::Record, Store},
+};
+
+use super::*;
+
+type Compaction = Option<(u64, JoinHandle<Result<u64, store::StoreError>>)>;
+
+/// The group-commit writer: one write + fdatasync per batch of everything queued.
+pub(super) fn writer_loop(
+    mut store: Store,
+    shared: &Shared,
+    mut rx: mpsc::UnboundedReceiver<WriterMsg>,
+    cooldown_ms: u64,
+) {
+    let mut compaction: Compaction = None;
+    let mut stopping = false;
+    let mut buf = Vec::with_capacity(64 << 10);
+    maybe_compact(&mut store, &mut compaction, cooldown_ms, &shared.clock);
+    while !stopping {
+        let mut batch = match rx.blocking_recv() {
+            Some(WriterMsg::Commit { records, ack }) => vec![(records, ack)],
+            Some(WriterMsg::Stop) | None => break,
+        };
+        let mut n = batch[0].0.len();
+        while n < MAX_BATCH_RECORDS {
+            match rx.try_recv() {
+                Ok(WriterMsg::Commit { records, ack }) => {
+                    n += records.len();
+                    batch.push((records, ack));
+                }
+                Ok(WriterMsg::Stop) => {
+                    stopping = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        write_batch(&mut store, shared, batch, &mut buf);
+        maybe_compact(&mut store, &mut compaction, cooldown_ms, &shared.clock);
+    }
+    // Requests still queued behind Stop are written too: nothing queued is dropped unanswered.
+    while let Ok(WriterMsg::Commit { records, ack }) = rx.try_recv() {
+        write_batch(&mut store, shared, vec![(records, ack)], &mut buf);
+    }
+    if let Some((g, h)) = compaction.take() {
+        finish_compaction(&mut store, g, h);
+    }
+}
+
+fn write_batch(
+    store: &mut Store,
+    shared: &Shared,
+    batch: Vec<(Vec<Record>, Ack)>,
+    buf: &mut Vec<u8>,
+) {
+    buf.clear();
+    for r in batch.iter().flat_map(|(r, _)| r) {
+        store::record::encode(buf, r);
+    }
+    let res = store.append(buf);
+    let mut links = Vec::new();
+    {
+        let mut st = shared.lock();
+        for (records, _) in &batch {
+            for r in records {
+                match &res {
+                    Ok(()) => links.extend(st.commit(r)),
+                    Err(_) => st.abort(r),
+                }
+            }
+        }
+    }
+    shared.changed.notify_waiters();
+    for l in links {
+        let _ = shared.teardown.send(l);
+    }
+    let res = res.map_err(|e| {
+        let msg = error_chain(&e);
+        tracing::error!(error = %msg, records = batch.iter().map(|b| b.0.len()).sum::<usize>(), "durable write failed; the batch was rolled back");
+        msg
+    });
+    for (_, ack) in batch {
+        let _ = ack.send(res.clone());
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn finish_compaction(
+    store: &mut Store,
+    generation: u64,
+    h: JoinHandle<Result<u64, store::StoreError>>,
+) {
+    match h.join() {
+        Ok(Ok(len)) => {
+            store.snapshot_done(generation, len);
+            tracing::info!(
+                generation,
+                bytes = len,
+                "snapshot written, older logs removed"
+            );
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %error_chain(&e), "snapshot failed; keeping the logs (the store stays consistent)")
+        }
+        Err(_) => tracing::error!("snapshot thread panicked; keeping the logs"),
+    }
+}
+
+/// Rotate the log and merge a snapshot in the background once enough log has accumulated.
+fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u64, clock: &Clock) {
+    if let Some((g, h)) = compaction.take() {
+        if h.is_finished() {
+            finish_compaction(store, g, h);
+        } else {
+            *compaction = Some((g, h));
+            return;
+        }
+    }
+    if !store.should_compact() {
+        return;
+    }
+    // Between batches nothing is half-written: the logs before the new generation hold
+    // exactly the acknowledged changes, and the writer never touches them again.
+    let generation = match store.rotate() {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(error = %error_chain(&e), "cannot start a new log; compaction postponed");
+            return;
+        }
+    };
+    // The daemon's clock: a wall-clock step must not drop cooling entries early.
+    let job = store.compaction(generation, clock.now_ms(), cooldown_ms);
+    let h = std::thread::Builder::new()
+        .name("ipam-snapshot".into())
+        .spawn(move || job.run());
+    match h {
+        Ok(h) => *compaction = Some((generation, h)),
+        Err(e) => tracing::error!(error = %e, "cannot start the snapshot thread"),
+    }
+}

@@ -1,0 +1,163 @@
+//! What loading rebuilds from the snapshot and logs, record by record.
+
+use std::collections::HashMap;
+
+use record::Record;
+
+use crate::lease::{display_key, InsertError, LeaseEntry, LeaseState, LeaseTable};
+
+use super::*;
+
+/// State rebuilt from disk, before it is laid over the configured pools.
+#[derive(Default)]
+pub struct Loaded {
+    /// Pool names as recorded (leases refer to them by index).
+    pub names: Vec<Box<str>>,
+    name_idx: HashMap<Box<str>, u16>,
+    pub leases: LeaseTable,
+    /// Released addresses: address -> (release time, link still to tear down).
+    pub cooling: HashMap<u32, (u64, Option<Box<str>>)>,
+    /// Log records replayed (for the start-up log line).
+    pub replayed: u64,
+    /// Bytes of a torn tail that were zeroed out.
+    pub truncated: u64,
+    /// The latest allocation or release time recorded (the daemon's clock never reads
+    /// earlier after a restart).
+    pub newest_ms: u64,
+}
+
+impl Loaded {
+    fn intern(&mut self, name: &str) -> Result<u16, String> {
+        // Nearly every record names the same pool as the one before.
+        if let Some(last) = self.names.len().checked_sub(1) {
+            if *self.names[last] == *name {
+                return Ok(last as u16);
+            }
+        }
+        if let Some(i) = self.name_idx.get(name) {
+            return Ok(*i);
+        }
+        let i = u16::try_from(self.names.len()).map_err(|_| "too many pool names".to_owned())?;
+        self.names.push(name.into());
+        self.name_idx.insert(name.into(), i);
+        Ok(i)
+    }
+
+    fn apply_alloc(
+        &mut self,
+        pool: &str,
+        data: Box<[u8]>,
+        key_len: u16,
+        addr: u32,
+        allocated_at_ms: u64,
+    ) -> Result<(), String> {
+        let pool_name = self.intern(pool)?;
+        self.newest_ms = self.newest_ms.max(allocated_at_ms);
+        let entry = LeaseEntry {
+            data,
+            allocated_at_ms,
+            addr,
+            key_len,
+            pool_name,
+            state: LeaseState::Committed,
+            seen: true,
+        };
+        match self.leases.insert(entry) {
+            Ok(_) => {}
+            Err(InsertError::Key(id)) => {
+                return Err(format!(
+                    "allocation for {} which already holds a lease",
+                    display_key(self.leases.get(id).key())
+                ))
+            }
+            Err(InsertError::Addr(_)) => {
+                return Err(format!(
+                    "allocation of {} which another key already holds",
+                    std::net::Ipv4Addr::from(addr)
+                ))
+            }
+        }
+        if !self.cooling.is_empty() {
+            self.cooling.remove(&addr);
+        }
+        Ok(())
+    }
+
+    /// Apply one framed payload (version-2 allocations without an intermediate copy).
+    pub(super) fn apply_payload(
+        &mut self,
+        payload: &[u8],
+        in_snapshot: bool,
+    ) -> Result<Applied, String> {
+        match record::view_alloc(payload) {
+            Some(Ok(a)) => {
+                self.apply_alloc(a.pool, a.data.into(), a.key_len, a.addr, a.allocated_at_ms)?;
+                Ok(Applied::Lease)
+            }
+            Some(Err(e)) => Err(e),
+            None => match record::decode_payload(payload)? {
+                Record::End { leases, cooling } if in_snapshot => {
+                    Ok(Applied::End { leases, cooling })
+                }
+                rec => {
+                    let kind = match rec {
+                        Record::Alloc(_) => Applied::Lease,
+                        Record::Cooling(_) => Applied::Cooling,
+                        _ => Applied::Change,
+                    };
+                    self.apply(rec, in_snapshot)?;
+                    Ok(kind)
+                }
+            },
+        }
+    }
+
+    /// Apply one record, checking it is consistent with what came before.
+    fn apply(&mut self, rec: Record, in_snapshot: bool) -> Result<(), String> {
+        match rec {
+            Record::Alloc(a) => {
+                self.apply_alloc(&a.pool, a.data, a.key_len, a.addr, a.allocated_at_ms)?;
+            }
+            Record::Release(r) if !in_snapshot => {
+                match self.leases.find(&r.key) {
+                    Some(id) if self.leases.get(id).addr == r.addr => {
+                        self.leases.remove(id);
+                    }
+                    _ => {
+                        return Err(format!(
+                            "release of {} ({}) which holds no such lease",
+                            display_key(&r.key),
+                            std::net::Ipv4Addr::from(r.addr)
+                        ))
+                    }
+                }
+                self.newest_ms = self.newest_ms.max(r.released_at_ms);
+                self.cooling.insert(r.addr, (r.released_at_ms, r.teardown));
+            }
+            Record::Cooling(c) if in_snapshot => {
+                self.newest_ms = self.newest_ms.max(c.released_at_ms);
+                if self.leases.by_addr(c.addr).is_some()
+                    || self
+                        .cooling
+                        .insert(c.addr, (c.released_at_ms, c.teardown))
+                        .is_some()
+                {
+                    return Err(format!(
+                        "cooling entry for {} listed twice or also leased",
+                        std::net::Ipv4Addr::from(c.addr)
+                    ));
+                }
+            }
+            other => return Err(format!("record {other:?} does not belong in this file")),
+        }
+        Ok(())
+    }
+}
+
+/// What a loaded record was.
+pub(super) enum Applied {
+    Lease,
+    Cooling,
+    Change,
+    End { leases: u64, cooling: u64 },
+}
