@@ -7,26 +7,11 @@ use std::collections::BTreeSet;
 use aliasnet_cni_types::{config::KEYS, NetConf};
 use serde_json::{json, Value};
 
-const PAGE: &str = include_str!("../../docs/config/plugin.md");
+#[path = "../../docs/config/doc_tables.rs"]
+mod doc_tables;
+use doc_tables::{assert_same_keys, example, table_keys};
 
-/// The first column of the table after `<!-- config-keys: NAME -->`.
-fn table_keys(page: &str, name: &str) -> Vec<String> {
-    let marker = format!("<!-- config-keys: {name} -->");
-    let start = page
-        .find(&marker)
-        .unwrap_or_else(|| panic!("{marker} missing from the page"));
-    let keys: Vec<String> = page[start + marker.len()..]
-        .lines()
-        .skip_while(|l| l.trim().is_empty())
-        .take_while(|l| l.starts_with('|'))
-        .filter_map(|l| {
-            let cell = l.split('|').nth(1)?.trim();
-            Some(cell.strip_prefix('`')?.strip_suffix('`')?.to_owned())
-        })
-        .collect();
-    assert!(!keys.is_empty(), "{marker}: no `key` rows");
-    keys
-}
+const PAGE: &str = include_str!("../../docs/config/plugin.md");
 
 fn documented() -> BTreeSet<String> {
     let mut all = BTreeSet::new();
@@ -41,13 +26,8 @@ fn documented() -> BTreeSet<String> {
 #[test]
 fn documented_keys_are_the_parsers_keys() {
     let parsed: BTreeSet<String> = KEYS.iter().map(|k| k.to_string()).collect();
-    let documented = documented();
-    let undocumented: Vec<_> = parsed.difference(&documented).collect();
-    let unknown: Vec<_> = documented.difference(&parsed).collect();
-    assert!(
-        undocumented.is_empty() && unknown.is_empty(),
-        "parsed but not in docs/config/plugin.md: {undocumented:?}; documented but not parsed: {unknown:?}"
-    );
+    let documented: Vec<String> = documented().into_iter().collect();
+    assert_same_keys("the network config", &documented, &parsed);
 }
 
 /// Each documented key really is read: one of a few values no key accepts (serde reads a
@@ -77,9 +57,7 @@ fn every_documented_key_is_read_by_the_parser() {
 /// The page's example conflist is valid for the parser.
 #[test]
 fn the_example_parses() {
-    let start = PAGE.find("```json").expect("a json example") + "```json".len();
-    let end = start + PAGE[start..].find("```").unwrap();
-    let list: Value = serde_json::from_str(&PAGE[start..end]).unwrap();
+    let list: Value = serde_json::from_str(&example(PAGE, "json")).unwrap();
     let mut plugin = list["plugins"][0].clone();
     for k in ["cniVersion", "name"] {
         plugin[k] = list[k].clone();
