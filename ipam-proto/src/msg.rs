@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn additions_are_backward_compatible() {
-        // What a phase-1 client sends and expects still works.
+        // What a client of the first protocol version sends and expects still works.
         let old = crate::frame::decode_request(br#"{"v":1,"op":"list"}"#).unwrap();
         assert_eq!(old, Request::List);
         let stats: Response = crate::frame::decode(

@@ -1,6 +1,6 @@
 //! The release spool: durable "please release this key" records that DEL leaves when the
-//! daemon is unreachable, so DEL never fails because the daemon is down (Azure's async-delete
-//! lesson, see `shared/reference/anchors.md`).
+//! daemon is unreachable, so DEL never fails because the daemon is down (as Azure CNI learned
+//! with its asynchronous delete).
 //!
 //! One file per key, named after a hash of the key, so repeated DELs of one pod write one
 //! file. Written as temp file → fsync → rename → fsync(dir): a crash leaves either no record

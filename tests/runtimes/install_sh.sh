@@ -186,7 +186,8 @@ test_uninstall_order_leaves_pods_intact() {
   local node=anu-n-$RT_ID pod=anu-p-$RT_ID conf ip veth
   new_netns "$node"
   new_netns "$pod"
-  # No dummy driver in this kernel: a veth pair with both ends in the node stands in for the uplink.
+  # A veth pair with both ends in the node stands in for the uplink (kernels built without the
+  # dummy driver have no dummy link).
   ip -n "$node" link add eth0 type veth peer name uplink-peer
   ip -n "$node" link set uplink-peer up
   ip -n "$node" addr add 198.51.100.2/24 dev eth0
@@ -400,7 +401,8 @@ test_ready_probe() {
   inst 2>/dev/null
   new_netns "$node"
   new_netns "$pod"
-  # No dummy driver in this kernel: a veth pair with both ends in the node stands in for the uplink.
+  # A veth pair with both ends in the node stands in for the uplink (kernels built without the
+  # dummy driver have no dummy link).
   ip -n "$node" link add eth0 type veth peer name uplink-peer
   ip -n "$node" link set uplink-peer up
   ip -n "$node" link set eth0 up

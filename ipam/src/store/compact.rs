@@ -92,7 +92,7 @@ impl<'a> Delta<'a> {
     }
 }
 
-/// `buf` with any version-1 records re-encoded as version 2 (phase-1 logs), so the delta can
+/// `buf` with any version-1 records re-encoded as version 2 (logs of the first format), so the delta can
 /// borrow every record in the same form.
 fn normalise(path: &Path, buf: Vec<u8>) -> Result<Vec<u8>, StoreError> {
     let mut off = HEADER_LEN;
@@ -403,7 +403,7 @@ mod tests {
     use crate::{lease::HAS_NAMESPACE, store::Store};
 
     #[test]
-    fn a_phase_1_state_is_read_and_compacted() {
+    fn a_version_1_state_is_read_and_compacted() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         std::fs::create_dir(&state).unwrap();

@@ -33,7 +33,7 @@ fn samples() -> Vec<Record> {
     ]
 }
 
-/// A version-1 record as phase 1 wrote it.
+/// A version-1 record as the first format wrote it.
 fn v1_frame(payload: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; FRAME_HEADER];
     out.extend_from_slice(payload);
