@@ -158,7 +158,7 @@ fn mirrors() -> Vec<Mirror> {
 }
 
 fn object_btf() -> Btf {
-    let object = datapath_object().expect("the datapath object");
+    let object = datapath_object().unwrap_or_else(|e| panic!("{e}"));
     Btf::parse(btf::elf_section(object, ".BTF").expect(".BTF section in the object"))
 }
 

@@ -6,7 +6,7 @@
 
 use std::net::Ipv4Addr;
 
-use aliasnet_ebpf::{abi, maps, programs, DATAPATH_OBJECT};
+use aliasnet_ebpf::{abi, datapath_object, maps, programs};
 use aya::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray},
     programs::{SchedClassifier, TestRun, TestRunOptions},
@@ -47,7 +47,7 @@ impl Fixture {
     /// Loads the object with private maps, all programs, and the pod registered at SLOT.
     fn new() -> Self {
         let mut ebpf = EbpfLoader::new()
-            .load(DATAPATH_OBJECT)
+            .load(datapath_object().unwrap_or_else(|e| panic!("{e}")))
             .expect("load datapath object");
         for name in programs::ALL {
             let prog: &mut SchedClassifier = ebpf
