@@ -20,7 +20,7 @@ pub(crate) fn leaf_handle(classid: u32) -> u32 {
 }
 
 /// A shaped class as HTB builds it: the class itself, now an inner class, and its two leaves
-/// (see `an_flows` in the ABI header). The sparse leaf (prio 0) is guaranteed
+/// (see flow isolation in `aliasnet_tuning.h`). The sparse leaf (prio 0) is guaranteed
 /// 1/`SPARSE_RATE_DIV` of the class's rate, the bulk leaf (prio 1) the rest; both may borrow
 /// up to the class's ceiling, so either alone can use all of it.
 pub(crate) fn with_leaves(class: HtbClass) -> [HtbClass; 3] {

@@ -51,8 +51,8 @@ impl DeviceSizes {
 /// clamp's floors in those segments.
 ///
 /// The kernel may have no AQM or flow-queueing qdisc (no sch_fq, fq_codel, sfq): the leaves
-/// are drop-tail, and the programs do the rest (see ebpf/include/aliasnet_abi.h; the sizes
-/// here are the ABI's constants so that the programs' model matches the qdiscs; measurements
+/// are drop-tail, and the programs do the rest (see ebpf/include/aliasnet_tuning.h; the sizes
+/// here are its constants so that the programs' model matches the qdiscs; measurements
 /// in BENCHMARKS.md section 4):
 /// - Flow isolation (`an_flows`): every shaped class has a sparse leaf (pings, DNS, ACKs, new
 ///   flows; served first) and a bulk leaf, so a bulk flow's queue does not delay the pod's
@@ -99,7 +99,7 @@ const LOCAL_QUEUE_MIN: u64 = 16;
 const LOCAL_QUEUE_MAX: u64 = 100_000;
 
 /// `ns` worth of bytes at `bytes_per_sec`, at least `frames` frames of `frame` bytes: the
-/// sizes the programs' queue model assumes (see `an_vqueue` in the ABI header).
+/// sizes the programs' queue model assumes (see the queue model in `aliasnet_tuning.h`).
 fn at_least(bytes_per_sec: u64, ns: u64, frames: u64, frame: u64) -> u64 {
     let b = u128::from(bytes_per_sec) * u128::from(ns) / 1_000_000_000;
     (b.min(u128::from(u64::MAX)) as u64).max(frames.saturating_mul(frame))
