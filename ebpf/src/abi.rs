@@ -3,7 +3,7 @@
 //! Each struct repeats the C layout field by field and asserts the same size as the
 //! header's `_Static_assert`, so a drift on either side fails the build; `tests/btf_abi.rs`
 //! compares every field offset with the compiled object's BTF, and [`MAPS`] with its map
-//! definitions. Constants are checked against the header text by a unit test below.
+//! definitions. `tests/headers.rs` checks the constants and sizes against the header text.
 //!
 //! [`ABI_VERSION`] covers everything here: the structs, [`MAPS`] and [`POD_KEYS`], the values
 //! stored in them and the HTB class ids. Tuning constants live in [`crate::tuning`] and are
@@ -526,118 +526,9 @@ impl NsKey {
     }
 }
 
-/// The value of `#define name` in a header's text (decimal or hex literal).
-#[cfg(test)]
-pub(crate) fn header_define(header: &str, file: &str, name: &str) -> u64 {
-    let line = header
-        .lines()
-        .find(|l| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
-        .unwrap_or_else(|| panic!("#define {name} not in {file}"));
-    let v = line.split_whitespace().nth(2).expect("value");
-    match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16).expect("hex"),
-        None => v.parse().expect("decimal"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const HEADER: &str = include_str!("../include/aliasnet_abi.h");
-
-    #[test]
-    fn constants_match_header() {
-        let pairs: &[(&str, u64)] = &[
-            ("AN_ABI_VERSION", ABI_VERSION.into()),
-            ("AN_MAX_PODS", MAX_PODS.into()),
-            ("AN_MAX_PREFIXES", MAX_PREFIXES.into()),
-            ("AN_LPM_MAX_ENTRIES", LPM_MAX_ENTRIES.into()),
-            ("AN_MAX_NAMESPACES", MAX_NAMESPACES.into()),
-            ("AN_CLASS_INTERNAL", CLASS_INTERNAL.into()),
-            ("AN_CLASS_INTERNET", CLASS_INTERNET.into()),
-            ("AN_CLASS_BLOCKED", CLASS_BLOCKED.into()),
-            ("AN_CLASS_OTHER", CLASS_OTHER.into()),
-            ("AN_NR_CLASSES", NR_CLASSES as u64),
-            ("AN_DIR_EGRESS", DIR_EGRESS as u64),
-            ("AN_DIR_INGRESS", DIR_INGRESS as u64),
-            ("AN_NR_DIRS", NR_DIRS as u64),
-            ("AN_HTB_MAJOR", HTB_MAJOR.into()),
-            ("AN_CLASSID_POD_INTERNET", CLASSID_POD_INTERNET.into()),
-            ("AN_CLASSID_POD_OTHER", CLASSID_POD_OTHER.into()),
-            ("AN_CLASSID_NODE_CAP", CLASSID_NODE_CAP.into()),
-            ("AN_CLASSID_POD_INGRESS", CLASSID_POD_INGRESS.into()),
-            ("AN_LEAF_SPARSE", LEAF_SPARSE.into()),
-            ("AN_LEAF_BULK", LEAF_BULK.into()),
-            ("AN_FLOW_BUCKETS", FLOW_BUCKETS.into()),
-            ("AN_POD_INGRESS_LIMIT", POD_INGRESS_LIMIT.into()),
-            ("AN_MAX_CONNS", MAX_CONNS.into()),
-            ("AN_CONN_SYN_SENT", CONN_SYN_SENT.into()),
-            ("AN_CONN_SYNACK_SENT", CONN_SYNACK_SENT.into()),
-            ("AN_CONN_ESTABLISHED", CONN_ESTABLISHED.into()),
-            ("AN_CONN_SYN_RCVD", CONN_SYN_RCVD.into()),
-            ("AN_META_IN_USE", META_IN_USE.into()),
-            (
-                "AN_META_INTERNET_FROM_POLICY",
-                META_INTERNET_FROM_POLICY.into(),
-            ),
-            ("AN_VQ_PER_POD", VQ_PER_POD.into()),
-            ("AN_VQ_INGRESS", VQ_INGRESS.into()),
-            ("AN_VQ_EGRESS", VQ_EGRESS.into()),
-            ("AN_VQ_INTERNET", VQ_INTERNET.into()),
-            ("AN_VQ_NODE_CAP", VQ_NODE_CAP.into()),
-            ("AN_VQ_ENTRIES", VQ_ENTRIES.into()),
-        ];
-        for (name, rust) in pairs {
-            assert_eq!(
-                header_define(HEADER, "aliasnet_abi.h", name),
-                *rust,
-                "{name} differs between aliasnet_abi.h and abi.rs"
-            );
-        }
-        // Every constant of the header is mirrored; AN_FLOW_ENTRIES is an expression, checked
-        // through the an_flows map definition in tests/btf_abi.rs.
-        let defined = HEADER
-            .lines()
-            .filter_map(|l| l.strip_prefix("#define AN_"))
-            .filter(|l| !l.starts_with("FLOW_ENTRIES "))
-            .count();
-        assert_eq!(
-            defined,
-            pairs.len(),
-            "a define of aliasnet_abi.h is not mirrored"
-        );
-    }
-
-    #[test]
-    fn struct_sizes_match_header() {
-        // The header asserts these numbers with _Static_assert; compare the text so both
-        // sides are tied to the same literal.
-        let sizes: &[(&str, usize)] = &[
-            (
-                "an_lpm_key",
-                core::mem::size_of::<aya::maps::lpm_trie::Key<LpmKeyData>>(),
-            ),
-            ("an_lpm_value", core::mem::size_of::<LpmValue>()),
-            ("an_config", core::mem::size_of::<Config>()),
-            ("an_pod", core::mem::size_of::<Pod>()),
-            ("an_counter", core::mem::size_of::<Counter>()),
-            ("an_pod_counters", core::mem::size_of::<PodCounters>()),
-            ("an_node_counters", core::mem::size_of::<NodeCounters>()),
-            ("an_pod_meta", core::mem::size_of::<PodMeta>()),
-            ("an_pod_key", core::mem::size_of::<PodKey>()),
-            ("an_ns_key", core::mem::size_of::<NsKey>()),
-            ("an_ns_rate", core::mem::size_of::<NsRate>()),
-            ("an_vqueue", core::mem::size_of::<VQueue>()),
-            ("an_flow", core::mem::size_of::<Flow>()),
-            ("an_conn_key", core::mem::size_of::<ConnKey>()),
-            ("an_conn", core::mem::size_of::<Conn>()),
-        ];
-        for (name, size) in sizes {
-            let needle = format!("_Static_assert(sizeof(struct {name}) == {size},");
-            assert!(HEADER.contains(&needle), "missing or different: {needle}");
-        }
-    }
 
     #[test]
     fn map_table_follows_the_map_names() {

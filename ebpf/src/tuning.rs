@@ -3,8 +3,8 @@
 //! and the benchmark switches in `an_config.flags`.
 //!
 //! None of this is layout: changing a value changes behaviour, pinned maps stay valid, and
-//! [`crate::abi::ABI_VERSION`] does not change. Values are checked against the header text by
-//! a unit test below.
+//! [`crate::abi::ABI_VERSION`] does not change. `tests/headers.rs` checks the values against the
+//! header text.
 
 /// `an_config.flags`, benchmarks only: switch the queue model off (no CE marks, no pod-side
 /// drops).
@@ -91,55 +91,6 @@ pub const WND_MIN_FLOW_FRAMES: u64 = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::header_define;
-
-    const HEADER: &str = include_str!("../include/aliasnet_tuning.h");
-
-    #[test]
-    fn constants_match_header() {
-        let pairs: &[(&str, u64)] = &[
-            ("AN_CFG_AQM_OFF", CFG_AQM_OFF.into()),
-            ("AN_CFG_FLOWS_OFF", CFG_FLOWS_OFF.into()),
-            ("AN_CFG_CLAMP_OFF", CFG_CLAMP_OFF.into()),
-            ("AN_MIN_FRAME", MIN_FRAME),
-            ("AN_SEG_NS", SEG_NS),
-            ("AN_ECN_MARK_MIN_NS", ECN_MARK_MIN_NS),
-            ("AN_ECN_MARK_MAX_NS", ECN_MARK_MAX_NS),
-            ("AN_ECN_MARK_REF_RATE", ECN_MARK_REF_RATE),
-            ("AN_ECN_MARK_FRAMES", ECN_MARK_FRAMES),
-            ("AN_DEFAULT_BURST_NS", DEFAULT_BURST_NS),
-            ("AN_DEFAULT_BURST_FRAMES", DEFAULT_BURST_FRAMES),
-            ("AN_LEAF_BURST_NS", LEAF_BURST_NS),
-            ("AN_LEAF_BURST_FRAMES", LEAF_BURST_FRAMES),
-            ("AN_LEAF_QUEUE_NS", LEAF_QUEUE_NS),
-            ("AN_LEAF_QUEUE_FRAMES", LEAF_QUEUE_FRAMES),
-            ("AN_FLOW_BURST_FRAMES", FLOW_BURST_FRAMES),
-            ("AN_FLOW_RATE_DIV", FLOW_RATE_DIV),
-            ("AN_FLOW_GUARD_FRAMES", FLOW_GUARD_FRAMES),
-            ("AN_SPARSE_RATE_DIV", SPARSE_RATE_DIV),
-            ("AN_FLOW_EPOCH_NS", FLOW_EPOCH_NS),
-            ("AN_WND_QUEUE_NS", WND_QUEUE_NS),
-            ("AN_WND_MIN_FRAMES", WND_MIN_FRAMES),
-            ("AN_WND_MIN_FLOW_FRAMES", WND_MIN_FLOW_FRAMES),
-        ];
-        for (name, rust) in pairs {
-            assert_eq!(
-                header_define(HEADER, "aliasnet_tuning.h", name),
-                *rust,
-                "{name} differs between aliasnet_tuning.h and tuning.rs"
-            );
-        }
-        // Every constant of the header is mirrored.
-        let defined = HEADER
-            .lines()
-            .filter_map(|l| l.strip_prefix("#define AN_"))
-            .count();
-        assert_eq!(
-            defined,
-            pairs.len(),
-            "a define of aliasnet_tuning.h is not mirrored"
-        );
-    }
 
     #[test]
     fn marking_threshold_grows_with_the_rate() {
