@@ -10,9 +10,15 @@
 //! target/release/aliasnet-bench metrics --pods 250,1000 --runs 3 --scrapes 21
 //! target/release/aliasnet-bench attach-cost --pods 100
 //! ```
+//!
+//! `podctl` is a development tool next to them: attach, detach and show a pod by hand.
 
+mod attach_cost;
 mod cni;
 mod ipam;
+mod metrics;
+mod podctl;
+mod shaping;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -30,11 +36,24 @@ enum Section {
     Cni(cni::Args),
     /// aliasnet-ipamd benchmarks (throughput, latency, RSS, restart) vs host-local.
     Ipam(ipam::Args),
+    /// Shaping benchmarks (goodput, latency, fairness, overhead, classifier cost), side by
+    /// side with the reference bandwidth plugin in one run.
+    Shaping(shaping::Args),
+    /// Scrape latency and size of aliasnet-shaperd /metrics with N pods.
+    Metrics(metrics::Args),
+    /// Per-pod attach/detach cost (cls_bpf) and one TCX link, in a private node.
+    AttachCost(attach_cost::Args),
+    /// Development tool: attach, detach or show a pod by hand (run it in the node's netns).
+    Podctl(podctl::Args),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().section {
         Section::Cni(a) => cni::run(a),
         Section::Ipam(a) => ipam::run(a),
+        Section::Shaping(a) => shaping::run(a),
+        Section::Metrics(a) => metrics::run(a),
+        Section::AttachCost(a) => attach_cost::run(a),
+        Section::Podctl(a) => podctl::run(a),
     }
 }

@@ -76,9 +76,7 @@ fn installed() -> Fabric {
 
 #[test]
 fn counters_match_pings_exactly() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     let mut dp = f.open();
     let att = f.attachment(Limits::default());
@@ -125,9 +123,7 @@ fn counters_match_pings_exactly() {
 
 #[test]
 fn blocked_destinations_are_unreachable_and_counted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     // Reachable before the datapath is attached: the drops below are ours.
     assert_eq!(f.ping("pod", BLOCKED, 1, 100, &[]), 1);
@@ -152,9 +148,7 @@ fn blocked_destinations_are_unreachable_and_counted() {
 
 #[test]
 fn bad_input_attaches_nothing() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     let mut dp = f.open();
     let nothing_attached = |f: &Fabric, dp: &aliasnet_ebpf::Datapath| {
@@ -211,9 +205,7 @@ fn bad_input_attaches_nothing() {
 
 #[test]
 fn detach_is_idempotent_and_gc_removes_vanished_pods() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     let mut dp = f.open();
     let att = f.attachment(Limits {
@@ -288,9 +280,7 @@ fn detach_is_idempotent_and_gc_removes_vanished_pods() {
 
 #[test]
 fn open_before_shaperd_ran_is_a_clear_error() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new();
     let root = f.pin_root();
     let e = f
@@ -306,9 +296,7 @@ fn open_before_shaperd_ran_is_a_clear_error() {
 
 #[test]
 fn maps_only_detach_leaves_the_device_to_the_veth_delete() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     let mut dp = f.open();
     let att = f.attachment(Limits {
@@ -356,9 +344,7 @@ fn maps_only_detach_leaves_the_device_to_the_veth_delete() {
 
 #[test]
 fn key_index_survives_loss_and_stale_entries() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     let mut dp = f.open();
     let att = f.attachment(Limits::default());
@@ -408,9 +394,7 @@ fn key_index_survives_loss_and_stale_entries() {
 /// drops of the previous occupant carry over.
 #[test]
 fn a_reused_slot_starts_with_an_empty_queue_model() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed();
     let mut dp = f.open();
     let att = f.attachment(Limits {

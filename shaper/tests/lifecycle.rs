@@ -133,9 +133,7 @@ impl BackgroundPing {
 
 #[test]
 fn policy_reload_applies_changes_and_rejects_invalid_ones() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut f = Fabric::new();
     let path = f.write_policy(POLICY_A);
     f.start_shaperd(&path);
@@ -224,9 +222,7 @@ fn policy_reload_applies_changes_and_rejects_invalid_ones() {
 
 #[test]
 fn restart_keeps_counters_links_and_traffic() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut f = Fabric::new();
     let path = f.write_policy(POLICY_A);
     f.start_shaperd(&path);
@@ -266,9 +262,7 @@ fn restart_keeps_counters_links_and_traffic() {
 
 #[test]
 fn upgrade_switches_live_filters_to_new_programs() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new();
     let path = f.write_policy(POLICY_A);
     assert!(f.shaperd_once(&path).status.success());
@@ -376,9 +370,7 @@ fn upgrade_switches_live_filters_to_new_programs() {
 /// and what to do; with the right version back, everything works again.
 #[test]
 fn pinned_maps_of_another_abi_are_refused() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = Fabric::new();
     let path = f.write_policy(POLICY_A);
     assert!(f.shaperd_once(&path).status.success());

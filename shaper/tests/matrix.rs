@@ -208,9 +208,7 @@ fn print_and_check(results: &[Cell]) {
 /// points are sized for its own frames, the node cap's for the uplink's.
 #[test]
 fn a_pod_mtu_below_the_uplinks() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let _serial = Fabric::serial();
     let links = Links {
         uplink_mtu: 9000,
@@ -229,9 +227,7 @@ fn a_pod_mtu_below_the_uplinks() {
 
 #[test]
 fn every_limit_holds_at_every_rate_and_mtu() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let _serial = Fabric::serial();
     // ALIASNET_MATRIX_MTUS / ALIASNET_MATRIX_MBITS (comma lists) narrow the matrix by hand.
     let list = |var: &str, all: &[u64]| -> Vec<u64> {

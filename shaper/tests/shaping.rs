@@ -41,9 +41,7 @@ fn installed(policy: &str) -> Fabric {
 
 #[test]
 fn internet_is_limited_while_internal_is_not() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     // The limit comes from node policy; nothing is set on the pod.
     let f = installed(
         r#"
@@ -87,9 +85,7 @@ fn internet_is_limited_while_internal_is_not() {
 
 #[test]
 fn ingress_and_total_egress_limits() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
     let mut dp = f.open();
     let att = f.attachment(Limits {
@@ -132,9 +128,7 @@ fn ingress_and_total_egress_limits() {
 
 #[test]
 fn node_cap_limits_all_pods_internet_egress() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     // No per-pod limit; the uplink comes from the node's default route.
     let f = installed(
         r#"
@@ -241,9 +235,7 @@ fn short_queue_ms(f: &Fabric) -> f64 {
 
 #[test]
 fn ecn_traffic_to_a_shaped_pod_is_marked_not_dropped() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let (f, _dp, a) = pod_with_ingress_limit(10_000_000);
     // ECN is negotiated by the connecting side (here the internet sender, iperf3's
     // client): it must ask (tcp_ecn = 1); Linux's default (2) only accepts.
@@ -282,9 +274,7 @@ fn ecn_traffic_to_a_shaped_pod_is_marked_not_dropped() {
 
 #[test]
 fn pod_egress_queue_stays_short_without_losses() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
     let mut dp = f.open();
     let att = f.attachment(Limits {
@@ -323,9 +313,7 @@ fn pod_egress_queue_stays_short_without_losses() {
 
 #[test]
 fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let (f, _dp, _) = pod_with_ingress_limit(10_000_000);
     // BBR ignores ECN and, without the clamp, overshoots the 25 ms bulk leaf in its
     // startup (~2 % of a 10 s run's segments lost here). The pod connects, as a download does.

@@ -71,8 +71,7 @@ pub fn unshared_command(bin: &Path, args: &[&str]) -> Command {
     // SAFETY: unshare is async-signal-safe and touches only the child.
     unsafe {
         c.pre_exec(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(std::io::Error::from)
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
         });
     }
     c
@@ -131,12 +130,14 @@ impl Ipamd {
 
     fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let child = self.child.as_mut().expect("spawned");
-        wait_ready(&self.paths.socket, child, timeout).map(drop).map_err(|e| {
-            anyhow::anyhow!(
-                "{e}; log:\n{}",
-                fs::read_to_string(&self.paths.log).unwrap_or_default()
-            )
-        })
+        wait_ready(&self.paths.socket, child, timeout)
+            .map(drop)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{e}; log:\n{}",
+                    fs::read_to_string(&self.paths.log).unwrap_or_default()
+                )
+            })
     }
 
     pub fn pid(&self) -> Option<u32> {

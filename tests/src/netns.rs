@@ -27,6 +27,32 @@ pub fn ip(args: &[&str]) -> Result<Output> {
     run(Command::new("ip").args(args))
 }
 
+/// `ip [-n NS] -batch -`: many `ip` commands (one a line) in one process, for topologies of
+/// hundreds of namespaces.
+pub fn ip_batch(ns: Option<&str>, lines: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = ns {
+        cmd.args(["-n", ns]);
+    }
+    let mut child = cmd
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("ip -batch")?;
+    child
+        .stdin
+        .take()
+        .expect("stdin piped")
+        .write_all(lines.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("ip -batch: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
 /// A named netns (`/run/netns/NAME`) deleted when dropped.
 #[derive(Debug)]
 pub struct Netns {
@@ -92,6 +118,12 @@ impl Netns {
             .args(args)
             .output()
             .with_context(|| format!("spawning {prog} in {}", self.name))
+    }
+
+    /// Runs `f` on a fresh thread inside the namespace (bpffs stays visible; sockets it opens
+    /// stay in the namespace).
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        Ok(aliasnet_netns::run_in(self.path(), f)?)
     }
 
     /// Read a sysctl as seen inside the namespace.

@@ -154,6 +154,11 @@ impl SingleNode {
         self.bpffs.pin_root()
     }
 
+    /// Runs `f` on a thread inside the node's network namespace (bpffs stays visible).
+    pub fn in_node<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        self.node.run(f).expect("enter node netns")
+    }
+
     fn wire(&self) -> Result<()> {
         let (node, pod, inet, peer) = (
             self.ns("node"),
@@ -195,7 +200,15 @@ impl SingleNode {
         let p = |args: &[&str]| self.pod.ip(args).map(drop);
         p(&["link", "set", "eth0", "up"])?;
         p(&["addr", "add", &format!("{POD_IP}/32"), "dev", "eth0"])?;
-        p(&["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
+        p(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ])?;
         p(&[
             "route",
             "add",
@@ -459,7 +472,9 @@ impl SingleNode {
 
     /// `(rx, tx)` packets of a device (skbs, for veth).
     pub fn link_packets(&self, role: &str, dev: &str) -> Result<(u64, u64)> {
-        let v = self.netns(role).ip_json(&["-s", "link", "show", "dev", dev])?;
+        let v = self
+            .netns(role)
+            .ip_json(&["-s", "link", "show", "dev", dev])?;
         let st = &v[0]["stats64"];
         Ok((
             st["rx"]["packets"].as_u64().context("rx packets")?,

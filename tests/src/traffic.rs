@@ -31,11 +31,14 @@ pub struct IperfServer {
 impl IperfServer {
     pub fn start(ns: &str, addr: &str) -> Result<Self> {
         let port = next_port();
-        let child = netns_exec(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("iperf3 server")?;
+        let child = netns_exec(
+            ns,
+            &["iperf3", "-s", "-1", "-B", addr, "-p", &port.to_string()],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("iperf3 server")?;
         let server = Self { port, child };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {

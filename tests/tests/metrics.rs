@@ -11,7 +11,6 @@ use std::{
     fs::File,
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpStream},
-    os::fd::AsFd,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -33,15 +32,7 @@ const SHAPERD_METRICS: &str = "127.0.0.1:9546";
 
 /// Runs `f` on a thread inside the network namespace `ns`; sockets it opens stay there.
 fn in_netns<T: Send>(ns: &Path, f: impl FnOnce() -> T + Send) -> T {
-    let file = File::open(ns).unwrap_or_else(|e| panic!("open {}: {e}", ns.display()));
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-            f()
-        })
-        .join()
-        .expect("netns thread")
-    })
+    aliasnet_netns::run_in(ns, f).unwrap_or_else(|e| panic!("run in {}: {e}", ns.display()))
 }
 
 /// One raw HTTP/1.0 exchange with `addr` inside `ns`: (status, body). `None` when nothing

@@ -138,4 +138,3 @@ pub fn run(args: Args) -> Result<()> {
     }
     Ok(())
 }
-

@@ -218,4 +218,3 @@ pub fn memory(args: &Args, bin: &Path) -> Result<String> {
         list(&restart_kill, 0),
     ))
 }
-

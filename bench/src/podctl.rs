@@ -1,31 +1,32 @@
-//! Development tool: attach/detach/show a pod by hand (benchmarks and experiments).
+//! `aliasnet-bench podctl`, a development tool: attach/detach/show a pod by hand (benchmarks
+//! and experiments; `aliasnetctl pods` shows attached pods but attaches nothing).
 //!
 //! ```sh
-//! nsenter --net=/run/netns/node podctl --pin-root /sys/fs/bpf/aliasnet attach vh1 /run/netns/pod 10.20.0.5 \
+//! nsenter --net=/run/netns/node aliasnet-bench podctl --pin-root /sys/fs/bpf/aliasnet attach vh1 /run/netns/pod 10.20.0.5 \
 //!     [--ingress-rate 10M] [--egress-rate 1G] [--internet-rate 10M]
-//! nsenter --net=/run/netns/node podctl detach
-//! nsenter --net=/run/netns/node podctl show
+//! nsenter --net=/run/netns/node aliasnet-bench podctl detach
+//! nsenter --net=/run/netns/node aliasnet-bench podctl show
 //! ```
 
 use std::{collections::BTreeMap, path::PathBuf};
 
 use aliasnet_ebpf::{
     abi::{Class, Direction},
-    limits::parse_quantity,
+    limits::{parse_quantity, ANNOTATION_INTERNET_EGRESS},
     CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity,
 };
 use anyhow::{anyhow, Result};
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 
-#[derive(Parser)]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     #[arg(long, default_value = aliasnet_ebpf::DEFAULT_PIN_ROOT)]
     pin_root: PathBuf,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
-#[derive(Subcommand)]
+#[derive(Subcommand, Debug)]
 enum Cmd {
     Attach {
         host_ifname: String,
@@ -51,8 +52,7 @@ fn rate(s: &str) -> Result<u64, String> {
     parse_quantity(s)
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+pub fn run(args: Args) -> Result<()> {
     let mut dp = Datapath::open(&args.pin_root)?;
     match args.cmd {
         Cmd::Attach {
@@ -66,10 +66,7 @@ fn main() -> Result<()> {
         } => {
             let mut ann = BTreeMap::new();
             if let Some(r) = internet_rate {
-                ann.insert(
-                    aliasnet_ebpf::limits::ANNOTATION_INTERNET_EGRESS.to_owned(),
-                    r.to_string(),
-                );
+                ann.insert(ANNOTATION_INTERNET_EGRESS.to_owned(), r.to_string());
             }
             let limits = Limits::from_cni(
                 CniBandwidth {

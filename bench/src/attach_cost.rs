@@ -9,27 +9,26 @@
 //! on exit.
 //!
 //! ```text
-//! cargo build --release -p aliasnet-shaper --examples
-//! target/release/examples/attach-cost --pods 100
+//! cargo build --release -p aliasnet-bench
+//! target/release/aliasnet-bench attach-cost --pods 100
 //! ```
 
 use std::{
-    fs::File,
-    io::Write,
-    os::fd::AsFd,
     path::PathBuf,
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use aliasnet_ebpf::{Datapath, Limits, PodAttachment, PodIdentity, Teardown};
+use aliasnet_netns::NetNs;
+use aliasnet_tests::{
+    bpffs::Bpffs,
+    netns::{ip, ip_batch, Netns},
+};
 use anyhow::{bail, Context, Result};
 use aya::programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType};
-use clap::Parser;
 
-#[derive(Parser, Debug)]
-#[command(about = "Per-pod attach/detach cost (cls_bpf) and one TCX link, in a private node")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// Pods (veth pairs) to attach.
     #[arg(long, default_value_t = 100)]
     pods: usize,
@@ -38,81 +37,44 @@ struct Args {
     tcx: usize,
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
-
-fn ip_batch(lines: &str) -> Result<()> {
-    let mut child = Command::new("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("ip -batch")?;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(lines.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("ip -batch: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
-
 /// Namespaces and the private bpffs; removed on drop.
 struct Node {
     tag: String,
-    pods: usize,
-    bpffs: tempfile::TempDir,
+    pods: Vec<String>,
+    ns: Netns,
+    bpffs: Bpffs,
 }
 
 impl Node {
-    fn node_ns(&self) -> String {
-        format!("{}-node", self.tag)
-    }
     fn pod_ns(&self, i: usize) -> String {
         format!("{}-p{i}", self.tag)
-    }
-    fn pin_root(&self) -> PathBuf {
-        self.bpffs.path().join("aliasnet")
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         let mut batch = String::new();
-        for i in 0..self.pods {
-            batch.push_str(&format!("netns del {}\n", self.pod_ns(i)));
+        for p in &self.pods {
+            batch.push_str(&format!("netns del {p}\n"));
         }
-        batch.push_str(&format!("netns del {}\n", self.node_ns()));
-        let _ = ip_batch(&batch);
-        let _ = Command::new("umount").arg(self.bpffs.path()).output();
+        let _ = ip_batch(None, &batch);
     }
 }
 
 fn build(pods: usize) -> Result<Node> {
-    let bpffs = tempfile::Builder::new()
-        .prefix("aliasnet-attach-cost-")
-        .tempdir()?;
-    let node = Node {
-        tag: format!("atc{}", std::process::id() % 100_000),
-        pods,
-        bpffs,
+    let tag = format!("atc{}", std::process::id() % 100_000);
+    let mut node = Node {
+        ns: Netns::new(&format!("{tag}-node"))?,
+        bpffs: Bpffs::mount("aliasnet-attach-cost-")?,
+        pods: Vec::new(),
+        tag,
     };
-    run(Command::new("mount")
-        .args(["-t", "bpf", "bpf"])
-        .arg(node.bpffs.path()))?;
-    let mut batch = format!("netns add {}\n", node.node_ns());
+    let mut batch = String::new();
     for i in 0..pods {
         batch.push_str(&format!("netns add {}\n", node.pod_ns(i)));
     }
-    ip_batch(&batch)?;
+    ip_batch(None, &batch)?;
+    node.pods = (0..pods).map(|i| node.pod_ns(i)).collect();
     let mut links = String::new();
     for i in 0..pods {
         links.push_str(&format!(
@@ -120,20 +82,9 @@ fn build(pods: usize) -> Result<Node> {
             node.pod_ns(i)
         ));
     }
-    let mut cmd = Command::new("ip");
-    cmd.args(["-n", &node.node_ns(), "-batch", "-"]);
-    let mut child = cmd.stdin(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(links.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("ip -batch: {}", String::from_utf8_lossy(&out.stderr));
-    }
+    ip_batch(Some(&node.ns.name), &links)?;
     for i in 0..pods {
-        run(Command::new("ip").args(["-n", &node.pod_ns(i), "link", "set", "eth0", "up"]))?;
+        ip(&["-n", &node.pod_ns(i), "link", "set", "eth0", "up"])?;
     }
     Ok(node)
 }
@@ -172,15 +123,19 @@ fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(Duration, T)> {
     Ok((t.elapsed(), r))
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+pub fn run(args: Args) -> Result<()> {
     if args.pods == 0 || args.pods > 1000 {
         bail!("--pods must be 1..=1000");
     }
     let node = build(args.pods)?;
-    let ns = File::open(format!("/run/netns/{}", node.node_ns()))?;
-    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
-    let (mut dp, _) = Datapath::install(node.pin_root())?;
+    NetNs::open(node.ns.path())
+        .context("open the node netns")?
+        .enter(|| measure(&node, &args))?
+}
+
+/// In the node's netns: the rows of the report, printed.
+fn measure(node: &Node, args: &Args) -> Result<()> {
+    let (mut dp, _) = Datapath::install(node.bpffs.pin_root())?;
 
     let limited = Limits {
         ingress_rate: Some(100_000_000),
@@ -205,7 +160,7 @@ fn main() -> Result<()> {
         let mut add = Vec::new();
         let mut rem = Vec::new();
         for i in 0..args.pods {
-            let att = attachment(&node, i, limits);
+            let att = attachment(node, i, limits);
             add.push(timed(|| Ok(dp.attach_pod(&att)?))?.0);
         }
         for i in 0..args.pods {

@@ -1,4 +1,5 @@
-//! Scrape latency and size of aliasnet-shaperd's `/metrics` with many pods.
+//! The `metrics` section: scrape latency and size of aliasnet-shaperd's `/metrics` with many
+//! pods.
 //!
 //! Builds a private node: a network namespace this process enters, its own bpffs pin root,
 //! and N real pods (a netns each, a veth pair, attached through `Datapath::attach_pod` with
@@ -12,32 +13,32 @@
 //! Everything is removed on exit.
 //!
 //! ```text
-//! cargo build --release -p aliasnet-shaper --bins --examples
-//! target/release/examples/metrics-bench --pods 250,1000 --runs 3 --scrapes 21
+//! cargo build --release -p aliasnet-shaper -p aliasnet-bench
+//! target/release/aliasnet-bench metrics --pods 250,1000 --runs 3 --scrapes 21
 //! ```
 
 use std::{
-    fs::File,
     io::{Read, Write},
     net::TcpStream,
-    os::fd::AsFd,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use aliasnet_ebpf::{abi, Datapath, Limits, PodAttachment, PodIdentity};
+use aliasnet_netns::NetNs;
 use aliasnet_shaper::{
     metrics::{Aggregation, Exporter, ExporterOptions},
     Policy,
 };
+use aliasnet_tests::{
+    netns::{ip_batch, Netns},
+    shaperd::{ShaperPaths, Shaperd},
+};
 use anyhow::{bail, Context, Result};
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
-use clap::Parser;
 
-#[derive(Parser, Debug)]
-#[command(about = "Scrape latency and size of aliasnet-shaperd /metrics with N pods")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// Pod counts to measure, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "250,1000")]
     pods: Vec<usize>,
@@ -47,58 +48,32 @@ struct Args {
     /// Scrapes per run and mode (the run's figure is their median).
     #[arg(long, default_value_t = 21)]
     scrapes: usize,
-    /// aliasnet-shaperd binary (default: next to this example's directory).
+    /// aliasnet-shaperd binary (default: next to this binary, or in `ALIASNET_BIN_DIR`).
     #[arg(long)]
     shaperd: Option<PathBuf>,
 }
 
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output().context("run ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
-fn ip_batch(ns: Option<&str>, lines: &str) -> Result<()> {
-    let mut cmd = Command::new("ip");
-    if let Some(ns) = ns {
-        cmd.args(["-n", ns]);
-    }
-    let mut child = cmd
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("ip -batch")?;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(lines.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("ip -batch: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
-}
-
 /// Everything one node of the bench created; removed on drop.
 struct Node {
+    // Field order is drop order: the daemon, the pins (unpinning the links detaches the
+    // programs; the maps go with the last reference), then the namespaces.
+    shaperd: Option<Shaperd>,
+    pin_root: PinRoot,
+    pods: Vec<String>,
+    ns: Netns,
     tag: String,
-    pods: usize,
-    pin_root: PathBuf,
-    shaperd: Option<Child>,
+}
+
+/// A pin root under the host's bpffs, removed on drop.
+struct PinRoot(PathBuf);
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl Node {
-    fn node_ns(&self) -> String {
-        format!("{}-node", self.tag)
-    }
     fn pod_ns(&self, i: usize) -> String {
         format!("{}-p{i}", self.tag)
     }
@@ -106,25 +81,15 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        if let Some(mut c) = self.shaperd.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut d) = self.shaperd.take() {
+            d.kill();
         }
-        // Unpinning the links detaches the programs; the maps go with the last reference.
-        let _ = std::fs::remove_dir_all(&self.pin_root);
         let mut batch = String::new();
-        for i in 0..self.pods {
-            batch.push_str(&format!("netns del {}\n", self.pod_ns(i)));
+        for p in &self.pods {
+            batch.push_str(&format!("netns del {p}\n"));
         }
-        batch.push_str(&format!("netns del {}\n", self.node_ns()));
         let _ = ip_batch(None, &batch);
     }
-}
-
-fn enter(ns: &str) -> Result<()> {
-    let f = File::open(format!("/run/netns/{ns}")).context("open node netns")?;
-    nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
-    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -150,21 +115,21 @@ fn http_scrape(addr: &str) -> Result<(Duration, usize)> {
     Ok((took, out.len() - head - 4))
 }
 
-fn build(tag: &str, pods: usize) -> Result<(Node, Datapath)> {
+/// The node and pod namespaces, a veth pair per pod.
+fn build(tag: &str, pods: usize) -> Result<Node> {
     let mut node = Node {
-        tag: tag.to_owned(),
-        pods: 0,
-        pin_root: PathBuf::from(format!("/sys/fs/bpf/aliasnet-{tag}")),
         shaperd: None,
+        pin_root: PinRoot(PathBuf::from(format!("/sys/fs/bpf/aliasnet-{tag}"))),
+        pods: Vec::new(),
+        ns: Netns::new(&format!("{tag}-node"))?,
+        tag: tag.to_owned(),
     };
-    ip(&["netns", "add", &node.node_ns()])?;
-    ip(&["-n", &node.node_ns(), "link", "set", "lo", "up"])?;
     let mut batch = String::new();
     for i in 0..pods {
         batch.push_str(&format!("netns add {}\n", node.pod_ns(i)));
     }
     ip_batch(None, &batch)?;
-    node.pods = pods;
+    node.pods = (0..pods).map(|i| node.pod_ns(i)).collect();
     let mut batch = String::new();
     for i in 0..pods {
         batch.push_str(&format!(
@@ -172,11 +137,14 @@ fn build(tag: &str, pods: usize) -> Result<(Node, Datapath)> {
             node.pod_ns(i)
         ));
     }
-    ip_batch(Some(&node.node_ns()), &batch)?;
-    // This thread (and the threads and processes it starts) now live in the node netns.
-    enter(&node.node_ns())?;
+    ip_batch(Some(&node.ns.name), &batch)?;
+    Ok(node)
+}
 
-    let (mut dp, _) = Datapath::install(&node.pin_root)?;
+/// In the node's netns: the datapath installed and every pod attached with an ingress limit,
+/// counters set to realistic large values.
+fn install(node: &Node, pods: usize) -> Result<Datapath> {
+    let (mut dp, _) = Datapath::install(&node.pin_root.0)?;
     let policy =
         Policy::parse("internal_cidrs = [\"10.0.0.0/8\"]\npod_internet_egress_rate = \"100M\"\n")
             .map_err(anyhow::Error::msg)?;
@@ -225,7 +193,7 @@ fn build(tag: &str, pods: usize) -> Result<(Node, Datapath)> {
         let v = PerCpuValues::try_from(vec![c; cpus])?;
         counters.set(rec.slot, v, 0).context("set counters")?;
     }
-    Ok((node, dp))
+    Ok(dp)
 }
 
 fn time_render(exp: &mut Exporter, n: usize) -> Result<(f64, usize)> {
@@ -240,18 +208,13 @@ fn time_render(exp: &mut Exporter, n: usize) -> Result<(f64, usize)> {
     Ok((median(times), size))
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+pub fn run(args: Args) -> Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("needs root (network namespaces, bpf)");
     }
     let shaperd = match &args.shaperd {
         Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .and_then(Path::parent)
-            .map(|d| d.join("aliasnet-shaperd"))
-            .context("locate aliasnet-shaperd")?,
+        None => aliasnet_tests::bin_dir().join("aliasnet-shaperd"),
     };
     if !shaperd.exists() {
         bail!(
@@ -264,66 +227,18 @@ fn main() -> Result<()> {
     for &pods in &args.pods {
         let mut sums: Vec<[f64; 4]> = Vec::new();
         for run in 1..=args.runs {
-            // A fresh thread per run: it enters the run's node netns and dies with it.
+            // A fresh thread per run: it enters the run's node netns (with everything it
+            // starts) and dies with it.
             let tag = format!("anmb{}r{run}n{pods}", std::process::id() % 100_000);
             let shaperd = shaperd.clone();
             let scrapes = args.scrapes;
             let row = std::thread::spawn(move || -> Result<([f64; 4], usize, usize)> {
-                let (mut node, _dp) = build(&tag, pods)?;
-                let mut pod = Exporter::open(&node.pin_root, ExporterOptions::default())
-                    .context("open exporter")?;
-                let (render_pod, size_pod) = time_render(&mut pod, scrapes)?;
-                let mut times = Vec::with_capacity(scrapes);
-                for _ in 0..scrapes {
-                    let start = Instant::now();
-                    pod.sample()?;
-                    times.push(start.elapsed().as_secs_f64() * 1e3);
-                }
-                let sample = median(times);
-                let mut ns = Exporter::open(
-                    &node.pin_root,
-                    ExporterOptions {
-                        aggregation: Aggregation::Namespace,
-                        ..ExporterOptions::default()
-                    },
-                )?;
-                let (render_ns, size_ns) = time_render(&mut ns, scrapes)?;
-
-                let policy = std::env::temp_dir().join(format!("{}-shaper.toml", node.tag));
-                std::fs::write(
-                    &policy,
-                    "internal_cidrs = [\"10.0.0.0/8\"]\npod_internet_egress_rate = \"100M\"\n",
-                )?;
-                let addr = "127.0.0.1:19546";
-                node.shaperd = Some(
-                    Command::new(&shaperd)
-                        .arg("--config")
-                        .arg(&policy)
-                        .arg("--pin-root")
-                        .arg(&node.pin_root)
-                        .args(["--metrics-address", addr])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .spawn()?,
-                );
-                let start = Instant::now();
-                while http_scrape(addr).is_err() {
-                    if start.elapsed() > Duration::from_secs(20) {
-                        bail!("aliasnet-shaperd did not serve {addr}");
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let mut times = Vec::new();
-                for _ in 0..scrapes {
-                    let (t, _) = http_scrape(addr)?;
-                    times.push(t.as_secs_f64() * 1e3);
-                }
-                let _ = std::fs::remove_file(&policy);
-                Ok((
-                    [render_pod, render_ns, sample, median(times)],
-                    size_pod,
-                    size_ns,
-                ))
+                let mut node = build(&tag, pods)?;
+                let home = NetNs::open(node.ns.path())?;
+                home.enter(|| {
+                    let _dp = install(&node, pods)?;
+                    measure(&mut node, &shaperd, scrapes)
+                })?
             })
             .join()
             .map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
@@ -344,4 +259,65 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// One run's figures in the node's netns: `[render (pod), render (namespace), background
+/// sample, HTTP scrape]` ms and the two body sizes.
+fn measure(node: &mut Node, shaperd: &Path, scrapes: usize) -> Result<([f64; 4], usize, usize)> {
+    let mut pod =
+        Exporter::open(&node.pin_root.0, ExporterOptions::default()).context("open exporter")?;
+    let (render_pod, size_pod) = time_render(&mut pod, scrapes)?;
+    let mut times = Vec::with_capacity(scrapes);
+    for _ in 0..scrapes {
+        let start = Instant::now();
+        pod.sample()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let sample = median(times);
+    let mut ns = Exporter::open(
+        &node.pin_root.0,
+        ExporterOptions {
+            aggregation: Aggregation::Namespace,
+            ..ExporterOptions::default()
+        },
+    )?;
+    let (render_ns, size_ns) = time_render(&mut ns, scrapes)?;
+
+    let policy = std::env::temp_dir().join(format!("{}-shaper.toml", node.tag));
+    std::fs::write(
+        &policy,
+        "internal_cidrs = [\"10.0.0.0/8\"]\npod_internet_egress_rate = \"100M\"\n",
+    )?;
+    let addr = "127.0.0.1:19546";
+    let log = std::env::temp_dir().join(format!("{}-shaperd.log", node.tag));
+    let paths = ShaperPaths {
+        config: policy.clone(),
+        pin_root: node.pin_root.0.clone(),
+        log: log.clone(),
+    };
+    node.shaperd = Some(Shaperd::spawn(
+        shaperd,
+        &node.ns.path(),
+        paths,
+        &["--metrics-address", addr],
+    )?);
+    let start = Instant::now();
+    while http_scrape(addr).is_err() {
+        if start.elapsed() > Duration::from_secs(20) {
+            bail!("aliasnet-shaperd did not serve {addr}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut times = Vec::new();
+    for _ in 0..scrapes {
+        let (t, _) = http_scrape(addr)?;
+        times.push(t.as_secs_f64() * 1e3);
+    }
+    let _ = std::fs::remove_file(&policy);
+    let _ = std::fs::remove_file(&log);
+    Ok((
+        [render_pod, render_ns, sample, median(times)],
+        size_pod,
+        size_ns,
+    ))
 }
