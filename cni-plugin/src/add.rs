@@ -13,13 +13,12 @@ use aliasnet_cni_types::{
     code, AttachEnv, CniArgs, CniError, CniResult, Interface, IpConfig, IpNet, NetConf, Route,
 };
 use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, Lease, PodRef, Request, Response};
-use anyhow::{Context, Result};
 
 use crate::{
     datapath, ipam,
     netns::NetNs,
     nl::{self, nl_err, Link, Nl, GATEWAY},
-    output, sysctl,
+    sysctl,
 };
 
 type AllocCall = std::thread::JoinHandle<Result<Response, aliasnet_ipam_proto::ClientError>>;
@@ -79,7 +78,7 @@ enum LeaseState {
     Unknown,
 }
 
-pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value> {
+pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniError> {
     let t0 = Instant::now();
     let args = CniArgs::parse(&env.args)?;
     let prev = conf
@@ -126,7 +125,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value> {
                     LeaseState::None => vec![],
                     _ => release(conf, &key).err().into_iter().collect(),
                 };
-                return Err(append_problems(e.into(), &problems));
+                return Err(append_problems(e, &problems));
             }
         };
         let res = attach(conf, env, &host_veth, &netns, &host, &pod, &mut progress).await;
@@ -170,7 +169,7 @@ async fn attach(
     host: &Nl,
     pod: &Nl,
     progress: &mut Progress,
-) -> Result<(CniResult, std::net::Ipv4Addr)> {
+) -> Result<(CniResult, std::net::Ipv4Addr), CniError> {
     let t0 = Instant::now();
     let ifname = env.ifname.as_str();
     let host_veth = host_veth.to_owned();
@@ -199,8 +198,7 @@ async fn attach(
                 "interface {ifname} already exists in netns {}",
                 netns.path()
             ),
-        )
-        .into());
+        ));
     }
     let mtu = match conf.mtu {
         Some(m) => m,
@@ -231,10 +229,10 @@ async fn attach(
     let lease = progress.settle_alloc();
     let t_alloc = t0.elapsed();
     // The daemon's answer is the more useful error (pool exhausted, daemon down).
-    let lease: Lease = lease.context("allocating an address")?;
+    let lease: Lease = lease.map_err(|e| e.context("allocating an address"))?;
     let (hlink, plink) = match (pair, wired) {
         (_, Some(w)) => w?,
-        (Pair::Failed(e), _) => return Err(e.into()),
+        (Pair::Failed(e), _) => return Err(e),
         (Pair::HostNameTaken, _) => {
             tracing::warn!(
                 host_veth,
@@ -394,8 +392,8 @@ async fn rollback(
     key: &AttachmentKey,
     host: &Nl,
     progress: &mut Progress,
-    err: anyhow::Error,
-) -> anyhow::Error {
+    err: CniError,
+) -> CniError {
     let mut problems = Vec::new();
     if progress.alloc.is_some() {
         // Failed before the answer was needed: learn whether there is a lease to undo.
@@ -411,26 +409,19 @@ async fn rollback(
             problems.push(p);
         }
     }
-    tracing::warn!(error = %format!("{err:#}"), ?problems, "ADD failed; rolled back");
+    tracing::warn!(error = %err, ?problems, "ADD failed; rolled back");
     append_problems(err, &problems)
 }
 
 /// `err` with rollback failures appended; the code stays the original one.
-fn append_problems(err: anyhow::Error, problems: &[String]) -> anyhow::Error {
+fn append_problems(err: CniError, problems: &[String]) -> CniError {
     if problems.is_empty() {
         return err;
     }
-    let orig = output::to_cni_error(&err);
     CniError {
-        code: orig.code,
-        msg: format!(
-            "{}; rollback also failed: {}",
-            orig.msg,
-            problems.join("; ")
-        ),
-        details: orig.details,
+        msg: format!("{}; rollback also failed: {}", err.msg, problems.join("; ")),
+        ..err
     }
-    .into()
 }
 
 /// Release `key` synchronously (rollback); when the daemon is down, spool the release.

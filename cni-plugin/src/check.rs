@@ -5,7 +5,6 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use aliasnet_cni_types::{code, AttachEnv, CniError, CniResult, NetConf};
 use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, Request, Response};
-use anyhow::Result;
 use rtnetlink::packet_route::route::RouteScope;
 
 use crate::{
@@ -14,17 +13,18 @@ use crate::{
     nl::{format_mac, nl_err, Nl, GATEWAY},
 };
 
-pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<()> {
+pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
     let Some(prev) = &conf.prev_result else {
-        return Err(
-            CniError::config("prevResult", "CHECK needs the ADD result in prevResult").into(),
-        );
+        return Err(CniError::config(
+            "prevResult",
+            "CHECK needs the ADD result in prevResult",
+        ));
     };
     let prev = CniResult::from_prev_result(prev)?;
     let ifname = env.ifname.as_str();
     let key = AttachmentKey::new(&conf.name, &env.container_id, ifname);
     let veth = host_veth_name(&conf.host_veth_prefix, &key);
-    let fail = |m: String| -> anyhow::Error { CniError::new(code::CHECK_FAILED, m).into() };
+    let fail = |m: String| CniError::new(code::CHECK_FAILED, m);
 
     // Our entries in prevResult: the pod interface (with a sandbox) and its IPv4 address.
     let Some(pod_idx) = prev
@@ -85,8 +85,8 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<()> {
         Ok(Response::Lease { lease: None }) => {
             problems.push(format!("IPAM reservation for {key} ({ip}) missing"))
         }
-        Ok(other) => return Err(ipam::unexpected("CHECK", &other).into()),
-        Err(e) => return Err(ipam::to_cni(&e).into()),
+        Ok(other) => return Err(ipam::unexpected("CHECK", &other)),
+        Err(e) => return Err(ipam::to_cni(&e)),
     }
     if problems.is_empty() {
         Ok(())
@@ -106,7 +106,7 @@ async fn check_datapath(
     prev_host_mac: Option<&str>,
     prev_pod_mac: Option<&str>,
     pod_routes: &[(Ipv4Addr, u8)],
-) -> Result<Vec<String>> {
+) -> Result<Vec<String>, CniError> {
     let mut p = Vec::new();
     let (h, l) = futures::join!(host.link_by_name(veth), pod.link_by_name(ifname));
     let h = h.map_err(|e| nl_err(format!("host: get {veth}"), e))?;

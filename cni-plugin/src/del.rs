@@ -14,14 +14,13 @@ use aliasnet_ipam_proto::{
     frame::FrameError, host_veth_name, AttachmentKey, ClientError, ErrorKind, LeaseRef, Request,
     Response,
 };
-use anyhow::Result;
 
 use crate::{
     datapath, ipam,
     nl::{nl_err, Nl},
 };
 
-pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
+pub fn run(conf: &NetConf, env: &DelEnv) -> Result<(), CniError> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
     let veth = host_veth_name(&conf.host_veth_prefix, &key);
     // Before the veth goes (every path below deletes it): only the pod's map entries are
@@ -52,7 +51,7 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
                 // The daemon is up but refused: still take the pod off the network, then
                 // report so the runtime retries the release.
                 let _ = delete_veth(&veth);
-                Err(ipam::to_cni(&e).into())
+                Err(ipam::to_cni(&e))
             }
         }
     } else {
@@ -60,7 +59,7 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<()> {
         match release_own(conf, &key, None) {
             Ok(_) => Ok(()),
             Err(e) if ipam::is_down(&e) => spool(conf, &key, None, &e),
-            Err(e) => Err(ipam::to_cni(&e).into()),
+            Err(e) => Err(ipam::to_cni(&e)),
         }
     }
 }
@@ -112,7 +111,12 @@ fn release_own(
 }
 
 /// Tear down the host side here and leave a durable release record.
-fn daemon_down(conf: &NetConf, key: &AttachmentKey, veth: &str, why: &ClientError) -> Result<()> {
+fn daemon_down(
+    conf: &NetConf,
+    key: &AttachmentKey,
+    veth: &str,
+    why: &ClientError,
+) -> Result<(), CniError> {
     // If we cannot delete it, the daemon retries from the spool entry.
     let leftover = match delete_veth(veth) {
         Ok(_) => None,
@@ -129,7 +133,7 @@ fn spool(
     key: &AttachmentKey,
     veth: Option<String>,
     why: &ClientError,
-) -> Result<()> {
+) -> Result<(), CniError> {
     match ipam::spool_release(conf, key, veth) {
         Ok(path) => {
             tracing::warn!(
@@ -147,14 +151,13 @@ fn spool(
                 ipam::error_chain(why),
                 ipam::error_chain(&e)
             ),
-        )
-        .into()),
+        )),
     }
 }
 
 /// Delete the host veth synchronously; returns whether it existed.
 fn delete_veth(name: &str) -> Result<bool, CniError> {
-    let rt = crate::runtime().map_err(|e| CniError::new(code::INTERNAL, format!("{e:#}")))?;
+    let rt = crate::runtime()?;
     rt.block_on(async {
         let host = Nl::connect()?;
         host.del_link_by_name(name)

@@ -4,18 +4,16 @@
 
 use aliasnet_cni_types::{code, CniError, NetConf};
 use aliasnet_ipam_proto::{Attachment, Request, Response};
-use anyhow::Result;
 
 use crate::{datapath, ipam};
 
-pub fn run(conf: &NetConf) -> Result<()> {
+pub fn run(conf: &NetConf) -> Result<(), CniError> {
     let Some(valid) = &conf.valid_attachments else {
         // Treating a missing list as empty would release every attachment of the network.
         return Err(CniError::config(
             "cni.dev/valid-attachments",
             "GC needs the list of valid attachments",
-        )
-        .into());
+        ));
     };
     let req = Request::Gc {
         network: conf.name.clone(),
@@ -45,12 +43,11 @@ pub fn run(conf: &NetConf) -> Result<()> {
     let dp_errors = datapath::gc(conf, &released);
     match (ipam_result, dp_errors.is_empty()) {
         (Ok(()), true) => Ok(()),
-        (Ok(()), false) => Err(CniError::new(code::DATAPATH, dp_errors.join("; ")).into()),
-        (Err(e), true) => Err(e.into()),
+        (Ok(()), false) => Err(CniError::new(code::DATAPATH, dp_errors.join("; "))),
+        (Err(e), true) => Err(e),
         (Err(e), false) => Err(CniError {
             msg: format!("{}; {}", e.msg, dp_errors.join("; ")),
             ..e
-        }
-        .into()),
+        }),
     }
 }

@@ -1,7 +1,8 @@
 //! `aliasnet`: the CNI plugin binary (spec 1.1.0; configs 0.3.0 through 1.1.0).
 //!
 //! Parse (env, stdin) → dispatch to the verb → print exactly one JSON document (the result or
-//! the error) → exit. Error codes are tabled in `aliasnet_cni_types::error`.
+//! the error) → exit. Every failure is a [`CniError`] (code, message, details) from the step
+//! that knows what went wrong; error codes are tabled in `aliasnet_cni_types::error`.
 #![deny(clippy::print_stdout)]
 
 mod add;
@@ -20,7 +21,6 @@ mod sysctl;
 use std::io::Read;
 
 use aliasnet_cni_types::{code, CniError, CniVersion, Command, Invocation, RawConf};
-use anyhow::Result;
 use serde_json::Value;
 
 /// What is known about the invocation by the time it ends, for error reporting and metrics.
@@ -39,11 +39,8 @@ fn main() {
     let (exit, cni_code) = match run(&mut ctx) {
         Ok(doc) => (output::success(doc), 0),
         Err(e) => {
-            tracing::error!("{e:#}");
-            (
-                output::failure(ctx.version, &e),
-                output::to_cni_error(&e).code,
-            )
+            tracing::error!("{e}");
+            (output::failure(ctx.version, &e), e.code)
         }
     };
     if let Some((cmd, socket)) = ctx.record {
@@ -64,7 +61,7 @@ fn main() {
 }
 
 /// Returns the document to print (none for a successful DEL, GC or STATUS).
-fn run(ctx: &mut Ctx) -> Result<Option<Value>> {
+fn run(ctx: &mut Ctx) -> Result<Option<Value>, CniError> {
     let version = &mut ctx.version;
     let mut stdin = Vec::new();
     let read = std::io::stdin().read_to_end(&mut stdin);
@@ -91,8 +88,7 @@ fn run(ctx: &mut Ctx) -> Result<Option<Value>> {
             "{} needs cniVersion {min} or later; the config says {}",
             cmd.as_str(),
             conf.cni_version
-        ))
-        .into());
+        )));
     }
     match inv {
         Invocation::Add(env) => {
@@ -121,7 +117,7 @@ fn run(ctx: &mut Ctx) -> Result<Option<Value>> {
 
 /// VERSION must answer fast and never depend on anything but stdin (podman calls it with
 /// `dummy` everywhere). Empty stdin is allowed.
-fn version_cmd(stdin: &[u8]) -> Result<Value> {
+fn version_cmd(stdin: &[u8]) -> Result<Value, CniError> {
     if stdin.iter().all(u8::is_ascii_whitespace) {
         return Ok(aliasnet_cni_types::version_info(None));
     }
@@ -133,11 +129,9 @@ fn version_cmd(stdin: &[u8]) -> Result<Value> {
 }
 
 /// The single-threaded runtime rtnetlink runs on; building it costs microseconds.
-fn runtime() -> Result<tokio::runtime::Runtime> {
+fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()
-        .map_err(|e| {
-            CniError::new(code::INTERNAL, format!("cannot start tokio runtime: {e}")).into()
-        })
+        .map_err(|e| CniError::internal(format!("cannot start tokio runtime: {e}")))
 }

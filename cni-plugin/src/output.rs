@@ -6,7 +6,7 @@ use std::{
     sync::atomic::{AtomicBool, Ordering},
 };
 
-use aliasnet_cni_types::{code, CniError, CniVersion};
+use aliasnet_cni_types::{CniError, CniVersion};
 use serde_json::Value;
 
 static EMITTED: AtomicBool = AtomicBool::new(false);
@@ -32,51 +32,18 @@ pub fn success(doc: Option<Value>) -> i32 {
 
 /// Print the error document for `err` in `version` (our newest when the config's is unknown);
 /// exit code 1, as the Go skel does.
-pub fn failure(version: Option<CniVersion>, err: &anyhow::Error) -> i32 {
-    let e = to_cni_error(err);
+pub fn failure(version: Option<CniVersion>, err: &CniError) -> i32 {
     let v = version.unwrap_or(CniVersion::LATEST);
-    write_doc(&e.to_json(v.as_str()));
+    write_doc(&err.to_json(v.as_str()));
     1
-}
-
-/// The first [`CniError`] in the chain decides the code; the message carries the whole chain.
-pub fn to_cni_error(err: &anyhow::Error) -> CniError {
-    let msg = format!("{err:#}");
-    match err.chain().find_map(|e| e.downcast_ref::<CniError>()) {
-        Some(c) => CniError {
-            code: c.code,
-            msg,
-            details: c.details.clone(),
-        },
-        None => CniError::new(code::INTERNAL, msg),
-    }
 }
 
 /// A panic still produces one error document (code 100) before the process dies.
 pub fn install_panic_hook() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let e = CniError::new(code::INTERNAL, format!("aliasnet panicked: {info}"));
+        let e = CniError::internal(format!("aliasnet panicked: {info}"));
         write_doc(&e.to_json(CniVersion::LATEST.as_str()));
         default(info);
     }));
-}
-
-#[cfg(test)]
-mod tests {
-    use anyhow::Context;
-
-    use super::*;
-
-    #[test]
-    fn code_comes_from_the_cni_error_in_the_chain() {
-        let inner: anyhow::Result<()> =
-            Err(CniError::new(code::NETLINK, "add route: EEXIST").into());
-        let err = inner.context("configuring pod").unwrap_err();
-        let e = to_cni_error(&err);
-        assert_eq!(e.code, code::NETLINK);
-        assert_eq!(e.msg, "configuring pod: add route: EEXIST");
-        let plain = anyhow::anyhow!("boom");
-        assert_eq!(to_cni_error(&plain).code, code::INTERNAL);
-    }
 }

@@ -3,15 +3,14 @@
 
 use aliasnet_cni_types::{code, CniError, NetConf};
 use aliasnet_ipam_proto::{ClientError, Request, Response};
-use anyhow::Result;
 
 use crate::{datapath, ipam};
 
-pub fn run(conf: &NetConf) -> Result<()> {
+pub fn run(conf: &NetConf) -> Result<(), CniError> {
     let req = Request::Status {
         pool: conf.pool.clone(),
     };
-    let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg).into();
+    let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
     // Local and cheap, so first.
     datapath::status(conf).map_err(unavailable)?;
     match ipam::call(conf, &req) {
@@ -20,7 +19,7 @@ pub fn run(conf: &NetConf) -> Result<()> {
             "aliasnet-ipamd cannot allocate: {} ({free} free)",
             reason.unwrap_or_else(|| "no free address".into())
         ))),
-        Ok(other) => Err(ipam::unexpected("STATUS", &other).into()),
+        Ok(other) => Err(ipam::unexpected("STATUS", &other)),
         Err(e @ (ClientError::Unavailable { .. } | ClientError::Timeout { .. })) => {
             Err(unavailable(format!(
                 "aliasnet-ipamd unreachable: {}",

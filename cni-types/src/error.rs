@@ -93,6 +93,19 @@ impl CniError {
         Self::new(code::INCOMPATIBLE_VERSION, msg)
     }
 
+    /// Code 100: an unexpected failure.
+    pub fn internal(msg: impl Into<String>) -> Self {
+        Self::new(code::INTERNAL, msg)
+    }
+
+    /// `what: msg`: the step that failed, over its cause. The cause's code and details stay:
+    /// the innermost error knows best what went wrong.
+    #[must_use]
+    pub fn context(mut self, what: impl std::fmt::Display) -> Self {
+        self.msg = format!("{what}: {}", self.msg);
+        self
+    }
+
     /// The JSON document printed on stdout.
     pub fn to_json(&self, cni_version: &str) -> Value {
         json!({
@@ -115,5 +128,16 @@ mod tests {
             e.to_json("1.0.0"),
             json!({"cniVersion":"1.0.0","code":7,"msg":"invalid config field \"mtu\": must be 68..=65535, got 5","details":"d"})
         );
+    }
+
+    #[test]
+    fn context_keeps_the_cause_code_and_details() {
+        let e = CniError::new(code::NETLINK, "add route: EEXIST")
+            .with_details("d")
+            .context("configuring pod");
+        assert_eq!(e.code, code::NETLINK);
+        assert_eq!(e.msg, "configuring pod: add route: EEXIST");
+        assert_eq!(e.details, "d");
+        assert_eq!(CniError::internal("boom").code, code::INTERNAL);
     }
 }
