@@ -474,6 +474,11 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
                 uid,
             };
             let (data, key_len) = encode_data(&key, &pod, veth);
+            // Re-encoded from version 1: held to what a current record must satisfy (a field
+            // over the length limit would load, but not reload from the next snapshot).
+            if data_key_len(&data) != Some(key_len) {
+                return Err("alloc record with a malformed key or pod fields".into());
+            }
             Record::Alloc(AllocRec {
                 data,
                 key_len,
@@ -485,11 +490,14 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
         2 => {
             let addr = c.u32()?;
             let released_at_ms = c.u64()?;
-            let key = v1_key(&c.str()?)?;
+            let key = crate::lease::encode_key(&v1_key(&c.str()?)?);
             let teardown = c.opt()?;
+            if !key_is_valid(&key) {
+                return Err("release record with a malformed key".into());
+            }
             check_link(teardown.as_deref())?;
             Record::Release(ReleaseRec {
-                key: crate::lease::encode_key(&key).into(),
+                key: key.into(),
                 addr,
                 released_at_ms,
                 teardown,
