@@ -5,14 +5,14 @@
 //!
 //! Every TCX attach (`BPF_LINK_CREATE` with `BPF_TCX_INGRESS/EGRESS`) and every link
 //! release publishes a new `bpf_mprog` entry for the hook and then calls `synchronize_rcu()`
-//! (`tcx_entry_sync()` in kernel/bpf/tcx.c) while holding RTNL. Measured here (6.18,
-//! 2 vCPU): ~11 ms per link. A pod needs two or three, so ADD took ~32 ms, every netlink
-//! user on the node (other ADDs, kubelet, routing daemons) waited behind RTNL meanwhile, and
-//! parallel ADDs serialised (8 in parallel: p50 245 ms); releasing the links on DEL paid the
-//! same wait, again under RTNL. A cls_bpf filter is published with `rcu_assign_pointer()` and
-//! freed with `call_rcu()`: neither adding nor deleting waits for a grace period.
-//! clsact plus two filters through netlink costs ~0.05 ms per veth here (`tc -batch`,
-//! 50 veths in 8 ms), ~200x less than the two TCX links it replaces.
+//! (`tcx_entry_sync()` in kernel/bpf/tcx.c) while holding RTNL: ~11 ms per link on kernel
+//! 6.18 with 2 vCPUs. A pod needs two or three, so ADD took ~32 ms, every netlink user on the
+//! node (other ADDs, kubelet, routing daemons) waited behind RTNL meanwhile, and parallel ADDs
+//! serialised; releasing the links on DEL paid the same wait, again under RTNL. A cls_bpf
+//! filter is published with `rcu_assign_pointer()` and freed with `call_rcu()`: neither adding
+//! nor deleting waits for a grace period. clsact plus two filters through netlink costs
+//! ~0.05 ms per veth (`tc -batch`, 50 veths in 8 ms), ~200x less than the two TCX links it
+//! replaces. The measurements are in docs/design/attach.md.
 //!
 //! TCX stays for the node's single uplink program (one attach per node, cost irrelevant).
 //!
