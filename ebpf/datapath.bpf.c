@@ -5,8 +5,9 @@
  * count it per pod x direction x class, drop blocked traffic, and pick the HTB
  * class that shapes it.
  *
- *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): count, drop blocked,
- *                    clamp the TCP windows of a pod with an ingress limit (see pod_tcp())
+ *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): drop what is not from
+ *                    the pod's address (see from_pod()), count, drop blocked, clamp the TCP
+ *                    windows of a pod with an ingress limit (see pod_tcp())
  *   an_host_egress   host veth egress   (pod ingress, remote = src): count, drop blocked,
  *                    leaf of the pod's ingress limit, CE-mark above it (see shape_remote())
  *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = leaf of the internet
@@ -33,8 +34,30 @@
 #include "lib/wndclamp.h"
 
 /*
+ * Whether a frame the pod sent (host veth ingress) may be from it: IPv4 only with the pod's
+ * own source address, whatever the kernel's reverse-path filter is set to. ARP and IPv6
+ * pass (the pod needs ARP for its gateway; IPv6 is not routed for pods). A frame still
+ * VLAN-tagged here (the kernel took off an outer tag before tc ingress) hides its header
+ * from the programs, and the kernel would strip a second priority tag and route it: it is
+ * dropped too. Malformed IPv4 (`ipv4` 0) passes, as ip_rcv drops it.
+ */
+static __always_inline int from_pod(const struct __sk_buff *skb, const struct an_pod *pod,
+				    int ipv4, const struct an_pkt *p)
+{
+	if (skb->protocol == bpf_htons(ETH_P_8021Q) || skb->protocol == bpf_htons(ETH_P_8021AD))
+		return 0;
+	return !ipv4 || p->saddr == pod->ipv4;
+}
+
+/*
  * Both host veth programs: class, count and enforce a pod's traffic in direction `dir`,
  * learn and clamp its TCP connections, and shape what goes to the pod.
+ *
+ * The pod is the host veth the packet is on (an_pods by skb->ifindex): its slot keys every
+ * counter, queue model and flow state here, never an address the pod chose. Sources are
+ * checked before anything is counted or learnt, so an_conns entries (keyed by the pod's
+ * address) and the uplink program (which finds pods by source address) only ever see a
+ * pod's own address.
  */
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 {
@@ -49,6 +72,11 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	if (parse(skb, &p))
 		class = classify(cfg, dir == AN_DIR_EGRESS ? p.daddr : p.saddr);
 	pod = bpf_map_lookup_elem(&an_pods, &ifindex);
+	/* Only IPv4 has a class other than AN_CLASS_OTHER. */
+	if (dir == AN_DIR_EGRESS && pod && !from_pod(skb, pod, class != AN_CLASS_OTHER, &p)) {
+		count_spoofed(pod->slot, &p);
+		return TC_ACT_SHOT;
+	}
 	/* Not registered (yet, or any more): classify and enforce, but nothing to count into. */
 	if (!pod)
 		return class == AN_CLASS_BLOCKED ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -133,7 +161,14 @@ int an_pod_egress(struct __sk_buff *skb)
 	internet = classify(cfg, p.daddr) == AN_CLASS_INTERNET;
 	base = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
 	skb->priority = base + AN_LEAF_BULK;
-	/* The pod is known by its address here: this device is in the pod's namespace. */
+	/*
+	 * The pod is known by its address here: this device is in the pod's namespace, where
+	 * its ifindex names no pod. This is the one place a source address picks a slot. A pod
+	 * that forges another pod's address (a raw socket) charges that pod's egress model
+	 * and flow state with the forged packets before the host veth drops them (from_pod()):
+	 * it can make the other pod's bulk packets look congested for as long as the forged
+	 * ones would take at its rate, and reach none of its counters.
+	 */
 	s = bpf_map_lookup_elem(&an_pod_ips, &p.saddr);
 	if (!s)
 		return TC_ACT_UNSPEC;
@@ -188,7 +223,9 @@ int an_pod_egress(struct __sk_buff *skb)
  * On the node uplink: internet-bound packets from registered pods go to the
  * node-wide cap class. Everything else keeps its priority, which names no HTB
  * class, and leaves through HTB's unshaped direct queue. Identifying pods by
- * source address assumes no SNAT on the node, as in the alias-IP design.
+ * source address assumes no SNAT on the node, as in the alias-IP design; a pod's packets
+ * reach the uplink only with its own address (host_side() drops the others). Only the
+ * node cap's model and counter are touched here, never a pod's.
  */
 SEC("classifier")
 int an_uplink(struct __sk_buff *skb)

@@ -41,6 +41,8 @@ pub struct Limits {
 pub struct Drops {
     /// Blocked by policy (both directions).
     pub blocked: u64,
+    /// Sent by the pod with a source address not its own, dropped on the host veth.
+    pub spoofed: u64,
     /// Dropped by the shaping queues; `null` when they could not be read.
     pub rate_ingress: Option<u64>,
     pub rate_egress: Option<u64>,
@@ -107,6 +109,7 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
         drops: Drops {
             blocked: r.counters.get(Direction::Egress, Class::Blocked).packets
                 + r.counters.get(Direction::Ingress, Class::Blocked).packets,
+            spoofed: r.counters.spoofed.packets,
             rate_ingress: match (&stats, m.ingress_rate != 0) {
                 (_, false) => Some(0),
                 (Some(s), true) => Some(s.ingress.map_or(0, |q| q.drops)),
@@ -154,6 +157,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
         "IN INTERNAL>",
         "IN INTERNET>",
         "BLOCKED PKTS>",
+        "SPOOFED PKTS>",
         "RATE DROPS>",
     ]);
     let b = |c: Count| format!("{}B", si(c.bytes as f64));
@@ -177,6 +181,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
             b(p.ingress.internal),
             b(p.ingress.internet),
             p.drops.blocked.to_string(),
+            p.drops.spoofed.to_string(),
             drops,
         ]);
     }

@@ -18,7 +18,7 @@ use crate::{
     Global,
 };
 
-/// Rates of one pod over the last interval, bit/s (blocked: packets/s).
+/// Rates of one pod over the last interval, bit/s (blocked, spoofed: packets/s).
 #[derive(Debug, Clone, Serialize)]
 pub struct Rates {
     pub namespace: String,
@@ -29,6 +29,8 @@ pub struct Rates {
     pub internet_egress_bps: f64,
     pub internet_ingress_bps: f64,
     pub blocked_pps: f64,
+    /// Sent by the pod with a source address not its own, dropped on the host veth.
+    pub spoofed_pps: f64,
 }
 
 /// One refresh as emitted with `--json` (one JSON object per line).
@@ -90,6 +92,7 @@ fn rates(
             internet_egress_bps: bps(Direction::Egress, Class::Internet),
             internet_ingress_bps: bps(Direction::Ingress, Class::Internet),
             blocked_pps: blocked as f64 / secs,
+            spoofed_pps: c.spoofed.packets.saturating_sub(p.spoofed.packets) as f64 / secs,
         });
     }
     out
@@ -123,6 +126,7 @@ fn table(v: &[Rates], limit: usize) -> String {
         "INTERNAL OUT>",
         "INTERNAL IN>",
         "BLOCKED PKT/S>",
+        "SPOOFED PKT/S>",
     ]);
     let b = |x: f64| format!("{}bit/s", si(x));
     for r in v.iter().take(limit) {
@@ -134,6 +138,7 @@ fn table(v: &[Rates], limit: usize) -> String {
             b(r.internal_egress_bps),
             b(r.internal_ingress_bps),
             format!("{:.1}", r.blocked_pps),
+            format!("{:.1}", r.spoofed_pps),
         ]);
     }
     t.render()

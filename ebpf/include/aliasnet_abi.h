@@ -22,7 +22,7 @@
 
 #include <linux/types.h>
 
-#define AN_ABI_VERSION 3
+#define AN_ABI_VERSION 4
 
 /* Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower). */
 #define AN_MAX_PODS 1024
@@ -123,12 +123,16 @@ _Static_assert(sizeof(struct an_counter) == 16, "an_counter size");
 
 /*
  * an_counters: per-CPU array indexed by slot. class[AN_CLASS_BLOCKED] doubles
- * as the blocked-drop counter: every blocked packet is dropped.
+ * as the blocked-drop counter: every blocked packet is dropped. `spoofed` counts what the
+ * pod sent that the host veth dropped because it is not from the pod's own address: IPv4
+ * with another source, or a frame still VLAN-tagged after the kernel took off the outer
+ * tag (see host_side()). Those are in no class.
  */
 struct an_pod_counters {
 	struct an_counter dir[AN_NR_DIRS][AN_NR_CLASSES];
+	struct an_counter spoofed;
 };
-_Static_assert(sizeof(struct an_pod_counters) == 128, "an_pod_counters size");
+_Static_assert(sizeof(struct an_pod_counters) == 144, "an_pod_counters size");
 
 /* an_node_ctrs[0]: per-CPU, traffic the uplink program put into the node cap class. */
 struct an_node_counters {

@@ -20,6 +20,17 @@ static __always_inline void count(__u32 slot, __u32 dir, __u32 class, const stru
 	ctr->bytes += p->bytes;
 }
 
+/* Counts a packet of the pod's that the host veth dropped as not from its own address. */
+static __always_inline void count_spoofed(__u32 slot, const struct an_pkt *p)
+{
+	struct an_pod_counters *c = bpf_map_lookup_elem(&an_counters, &slot);
+
+	if (c) {
+		c->spoofed.packets += p->segs;
+		c->spoofed.bytes += p->bytes;
+	}
+}
+
 /* Counts a packet the uplink program put into the node cap class. */
 static __always_inline void count_capped(const struct an_pkt *p)
 {

@@ -16,7 +16,7 @@ use aya::maps::MapType;
 use crate::maps;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
@@ -216,13 +216,15 @@ impl core::ops::AddAssign for Counter {
     }
 }
 
-/// `struct an_pod_counters`: `dir[direction][class]`.
+/// `struct an_pod_counters`: `dir[direction][class]`, and what the pod sent that the host
+/// veth dropped as not from its own address (`spoofed`, in no class).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodCounters {
     pub dir: [[Counter; NR_CLASSES]; NR_DIRS],
+    pub spoofed: Counter,
 }
-const _: () = assert!(core::mem::size_of::<PodCounters>() == 128);
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 144);
 
 impl PodCounters {
     pub fn get(&self, dir: Direction, class: Class) -> Counter {
@@ -237,6 +239,7 @@ impl core::ops::AddAssign for PodCounters {
                 *x += *y;
             }
         }
+        self.spoofed += rhs.spoofed;
     }
 }
 

@@ -7,7 +7,8 @@ use aliasnet_ebpf::abi::{self, PodCounters};
 use super::snapshot::{PodSample, Snapshot};
 
 fn wrapping_sub(a: &mut PodCounters, b: &PodCounters) {
-    for (x, y) in a.dir.iter_mut().flatten().zip(b.dir.iter().flatten()) {
+    let cells = a.dir.iter_mut().flatten().chain([&mut a.spoofed]);
+    for (x, y) in cells.zip(b.dir.iter().flatten().chain([&b.spoofed])) {
         x.packets = x.packets.wrapping_sub(y.packets);
         x.bytes = x.bytes.wrapping_sub(y.bytes);
     }

@@ -100,7 +100,7 @@ impl Collector for Families {
         )?;
         let mut m = enc.encode_descriptor(
             "aliasnet_pod_drops",
-            "Packets of the pod dropped by node policy (reason=blocked) or by its bandwidth limit's queue (reason=rate).",
+            "Packets of the pod dropped by node policy (reason=blocked), by its bandwidth limit's queue (reason=rate), or on its host veth as sent from an address not its own (reason=spoofed, egress only).",
             None,
             MetricType::Counter,
         )?;
@@ -113,6 +113,9 @@ impl Collector for Families {
                 ConstCounter::new(g.totals.rate_drops[dir.index()])
                     .encode(m.encode_family(&&l[..n])?)?;
             }
+            let (l, n) = g.labels("direction", Direction::Egress.name(), "reason", "spoofed");
+            ConstCounter::new(g.totals.counters.spoofed.packets)
+                .encode(m.encode_family(&&l[..n])?)?;
         }
         if self.limits {
             let mut m = enc.encode_descriptor(
@@ -306,6 +309,10 @@ mod tests {
             internet_egress: Some(1_000_000),
         };
         a.rate_drops = [Some(7), Some(2)];
+        a.counters.spoofed = Counter {
+            packets: 4,
+            bytes: 400,
+        };
         let b = pod(1, "team", "b", counters(1, 0));
         let text = scrape(
             &mut l,
@@ -334,6 +341,20 @@ mod tests {
                 r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="egress",reason="rate"}"#
             ),
             Some(7)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="egress",reason="spoofed"}"#
+            ),
+            Some(4)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="ingress",reason="spoofed"}"#
+            ),
+            None
         );
         assert_eq!(
             value(
