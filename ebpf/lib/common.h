@@ -18,10 +18,33 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
-/* Time to send `bytes` at `rate` bit/s (rate > 0). */
+/*
+ * Time to send `bytes` at `rate` bit/s (rate > 0). bytes * 8e9 fits 64 bits below
+ * AN_TX_EXACT_BYTES: callers pass packets and frames (at most a 512 KiB GSO aggregate's
+ * segments, or AN_LEAF_QUEUE_FRAMES frames of at most 65,549 bytes); a class's burst, which
+ * can be larger, goes through burst_ns(). Mirrored, with its bounds tested, in tuning.rs.
+ */
+#define AN_TX_EXACT_BYTES (1ULL << 31)
 static __always_inline __u64 tx_ns(__u64 bytes, __u64 rate)
 {
 	return bytes * 8 * NSEC_PER_SEC / rate;
+}
+
+/*
+ * Time to send a class's burst of `burst` bytes at `rate` bit/s (rate > 0). Userspace keeps
+ * a burst within 1 s of the rate (at least a few frames), so one of AN_TX_EXACT_BYTES or
+ * more belongs to a rate above 17 Gbit/s: both are scaled down by 2^16 (off by at most
+ * 2^-15), and a burst above AN_BURST_MAX_BYTES (1 s of 1 Pbit/s, the highest rate accepted,
+ * is 2^46.8 bytes) is cut to it, so that nothing wraps.
+ */
+#define AN_BURST_MAX_BYTES ((1ULL << 47) - 1)
+static __always_inline __u64 burst_ns(__u64 burst, __u64 rate)
+{
+	if (burst < AN_TX_EXACT_BYTES)
+		return tx_ns(burst, rate);
+	if (burst > AN_BURST_MAX_BYTES)
+		burst = AN_BURST_MAX_BYTES;
+	return (burst >> 16) * 8 * NSEC_PER_SEC / (rate >> 16);
 }
 
 /* `ns`, or `frames` frames of `frame` bytes at `rate` if that takes longer. */

@@ -91,7 +91,7 @@ static __always_inline __u64 class_credit(__u64 burst, __u64 rate, __u64 frame)
 	__u64 floor, t;
 
 	if (burst)
-		return tx_ns(burst, rate);
+		return burst_ns(burst, rate);
 	/* AN_DEFAULT_BURST_FRAMES of the class's segments, and at least one frame. */
 	floor = AN_DEFAULT_BURST_FRAMES * seg_frame(rate, frame);
 	if (floor < frame)

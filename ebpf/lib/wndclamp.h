@@ -26,6 +26,18 @@
 #define AN_TCP_FRAME_HDRS (ETH_HLEN + sizeof(struct iphdr) + sizeof(struct an_tcphdr))
 
 /*
+ * Whether the TCP header `th` at `off` is whole: at least its fixed part and within the
+ * packet. A receiver drops any other, so the clamps rewrite nothing in it.
+ */
+static __always_inline int tcp_header_fits(const struct __sk_buff *skb, __u32 off,
+					   const struct an_tcphdr *th)
+{
+	__u32 hlen = AN_TCP_HDR_LEN(th->doff);
+
+	return hlen >= AN_TCP_HLEN && skb->len >= off + hlen;
+}
+
+/*
  * The offset in the packet of TCP option `kind` of length `len` in the header `th` at `off`,
  * or 0 if it has none. An option the walk does not reach (more than 16 options) counts as
  * absent, which only makes the clamps looser.
@@ -76,9 +88,12 @@ static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
 static __always_inline void clamp_mss(struct __sk_buff *skb, __u32 off,
 				      const struct an_tcphdr *th, __u64 seg)
 {
-	__u32 at = tcp_option(skb, off, th, AN_TCPOPT_MSS, AN_TCPOLEN_MSS);
+	__u32 at;
 	__be16 old, new;
 
+	if (!tcp_header_fits(skb, off, th))
+		return;
+	at = tcp_option(skb, off, th, AN_TCPOPT_MSS, AN_TCPOLEN_MSS);
 	if (!at || seg <= AN_TCP_FRAME_HDRS ||
 	    bpf_skb_load_bytes(skb, at + AN_TCPOPT_HDR, &old, sizeof(old)) < 0)
 		return;
@@ -105,7 +120,7 @@ static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
 	__be16 win;
 
 	/* Above 100 Gbit/s any window the field can carry is below the cap. */
-	if (rate > 100000000000ULL)
+	if (rate > 100000000000ULL || !tcp_header_fits(skb, off, th))
 		return;
 	cap = rate / 8 * (rtt_ns / 1000) / 1000000 + rate / 8 * AN_WND_QUEUE_NS / NSEC_PER_SEC;
 	if (cap < AN_WND_MIN_FRAMES * frame)

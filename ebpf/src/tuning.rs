@@ -38,6 +38,30 @@ pub fn seg_frame(rate: u64, frame: u64) -> u64 {
         .min(frame)
 }
 
+/// `tx_ns` takes counts below this many bytes (packets and frames): `bytes * 8 * 10^9` then
+/// fits 64 bits.
+pub const TX_EXACT_BYTES: u64 = 1 << 31;
+/// `burst_ns` cuts a burst to this many bytes (above 1 s of [`crate::limits::MAX_RATE`]).
+pub const BURST_MAX_BYTES: u64 = (1 << 47) - 1;
+
+/// Time to send `bytes` (below [`TX_EXACT_BYTES`]) at `rate` bit/s as the programs compute
+/// it (`tx_ns()` in `ebpf/lib/common.h`, 64-bit arithmetic; panics where it would wrap).
+pub fn tx_ns(bytes: u64, rate: u64) -> u64 {
+    bytes * 8 * 1_000_000_000 / rate
+}
+
+/// Time to send a class's burst of `burst` bytes at `rate` bit/s as the programs compute
+/// its credit (`burst_ns()` in `ebpf/lib/common.h`). A zero divisor gives 0, as a BPF
+/// division does.
+pub fn burst_ns(burst: u64, rate: u64) -> u64 {
+    if burst < TX_EXACT_BYTES {
+        return tx_ns(burst, rate);
+    }
+    ((burst.min(BURST_MAX_BYTES) >> 16) * 8 * 1_000_000_000)
+        .checked_div(rate >> 16)
+        .unwrap_or(0)
+}
+
 /// Marking threshold (modelled queueing delay): `ECN_MARK_MIN_NS` up to `ECN_MARK_REF_RATE`
 /// bit/s, growing with the rate up to `ECN_MARK_MAX_NS`, at least `ECN_MARK_FRAMES` frames.
 pub const ECN_MARK_MIN_NS: u64 = 2_000_000;
@@ -91,6 +115,109 @@ pub const WND_MIN_FLOW_FRAMES: u64 = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{MAX_RATE, MIN_RATE, UNSET_BURST};
+    use crate::shape::Shape;
+
+    /// The exact time, in 128 bits.
+    fn exact_ns(bytes: u64, rate: u64) -> u128 {
+        u128::from(bytes) * 8 * 1_000_000_000 / u128::from(rate)
+    }
+
+    /// The rates the programs divide by: every rate `Limits` accepts, a flow's share of the
+    /// lowest (rate / `FLOW_RATE_DIV`), and the extremes of the field (never 0: the programs
+    /// only divide by a rate they checked is set, and make a flow's share at least 1).
+    const RATES: [u64; 10] = [
+        1,
+        MIN_RATE / FLOW_RATE_DIV,
+        MIN_RATE,
+        1_000_000,
+        17_179_869_184,
+        20_000_000_000,
+        1_000_000_000_000,
+        MAX_RATE,
+        MAX_RATE + 1,
+        u64::MAX,
+    ];
+
+    /// `tx_ns` is handed packets (a 512 KiB GSO aggregate with the headers of its
+    /// segments) and frames (`LEAF_QUEUE_FRAMES` of the largest, 65,549 bytes): far below
+    /// `TX_EXACT_BYTES`, so the product cannot wrap at any rate, down to 1 bit/s.
+    #[test]
+    fn packet_times_cannot_wrap() {
+        let largest_frame = frame_of_mtu(u32::from(u16::MAX));
+        assert_eq!(largest_frame, 65_549);
+        let gso = 524_288 + 65_535 * (ETH_HLEN + 60 + 60);
+        for bytes in [0, 1, largest_frame, LEAF_QUEUE_FRAMES * largest_frame, gso] {
+            assert!(bytes < TX_EXACT_BYTES);
+            for rate in RATES {
+                assert_eq!(u128::from(tx_ns(bytes, rate)), exact_ns(bytes, rate));
+            }
+        }
+        assert!((TX_EXACT_BYTES - 1)
+            .checked_mul(8 * 1_000_000_000)
+            .is_some());
+    }
+
+    /// Every rate and burst `Limits` accepts ([`MIN_RATE`] ..= [`MAX_RATE`] bit/s, bursts up
+    /// to [`MAX_RATE`] bits, kept by `Shape` within 1 s of the rate), on any device, gives
+    /// the programs a class credit within 2^-15 of the exact time, at most 1 s or four
+    /// frames; and it plus the longest queue and frame times added to a century of uptime
+    /// cannot wrap. Bursts beyond what `Shape` produces (up to `u64::MAX`, at any rate)
+    /// neither wrap nor divide by zero.
+    #[test]
+    fn class_credits_cannot_wrap() {
+        let century = 100 * 365 * 86_400 * 1_000_000_000u64;
+        let bursts = [
+            None,
+            Some(1),
+            Some(UNSET_BURST),
+            Some(MAX_RATE / 2),
+            Some(MAX_RATE),
+        ];
+        for rate in RATES
+            .into_iter()
+            .filter(|r| (MIN_RATE..=MAX_RATE).contains(r))
+        {
+            for burst in bursts {
+                for frame in [MIN_FRAME, frame_of_mtu(9000), frame_of_mtu(65_535)] {
+                    let s = Shape::new(rate, burst, frame);
+                    let credit = burst_ns(s.burst_bytes, rate);
+                    let exact = exact_ns(s.burst_bytes, rate);
+                    let what = format!("{rate} bit/s burst {burst:?} frame {frame}: {s:?}");
+                    assert!(
+                        u128::from(credit).abs_diff(exact) <= exact / 32_768 + 1,
+                        "{what}"
+                    );
+                    assert!(
+                        credit <= 1_000_100_000 || credit <= tx_ns(4 * frame, rate),
+                        "{what}"
+                    );
+                    let longest = tx_ns(LEAF_QUEUE_FRAMES * frame, rate)
+                        + tx_ns(frame, (rate / FLOW_RATE_DIV).max(1));
+                    assert!(
+                        century.checked_add(2 * credit + longest).is_some(),
+                        "{what}"
+                    );
+                }
+            }
+        }
+        // The case that wrapped before bursts were scaled: 1 s at 1 Pbit/s (2^46.8 bytes).
+        let s = Shape::new(MAX_RATE, Some(MAX_RATE), MIN_FRAME);
+        assert_eq!(s.burst_bytes, MAX_RATE / 8);
+        assert!(s.burst_bytes <= BURST_MAX_BYTES);
+        assert!((s.burst_bytes).checked_mul(8 * 1_000_000_000).is_none());
+        assert_eq!(burst_ns(s.burst_bytes, MAX_RATE), 999_999_999);
+        for rate in RATES {
+            for burst in [TX_EXACT_BYTES, BURST_MAX_BYTES, u64::MAX] {
+                // Never configured (more than 1 s of the rate): inexact, but bounded.
+                let t = burst_ns(burst, rate);
+                assert!(
+                    century.checked_add(2 * t).is_some(),
+                    "{burst} at {rate}: {t}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn marking_threshold_grows_with_the_rate() {
