@@ -1,0 +1,352 @@
+//! What the `BPF_PROG_TEST_RUN` tests share: the fixture that loads the programs with
+//! private maps and registers a pod, and the packet builders.
+//!
+//! Test runs use the loopback device of the test's own network namespace as `skb->dev`, so
+//! the "pod" is registered under ifindex 1.
+
+// Each test binary uses part of this module.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+
+use aliasnet_ebpf::{abi, datapath_object, maps, programs};
+use aya::{
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray},
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+    Ebpf, EbpfLoader,
+};
+
+pub const TC_ACT_UNSPEC: u32 = u32::MAX; // -1
+pub const TC_ACT_SHOT: u32 = 2;
+/// `skb->dev` in BPF_PROG_TEST_RUN is the loopback device unless ctx names another.
+pub const TEST_IFINDEX: u32 = 1;
+pub const SLOT: u32 = 7;
+pub const POD_IP: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 5);
+
+// struct __sk_buff (uapi/linux/bpf.h): the fields a test run may set or read back.
+pub const SKB_SIZE: usize = 192;
+pub const SKB_PRIORITY: usize = 32;
+pub const SKB_GSO_SEGS: usize = 164;
+pub const SKB_GSO_SIZE: usize = 176;
+
+/// Loading programs needs root: without it the test fails with this message instead of
+/// passing without having run (true when it returns).
+pub fn require_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(
+        root,
+        "needs root: the eBPF tests load programs (run tests/run.sh, or cargo test as root)"
+    );
+    root
+}
+
+pub struct Fixture {
+    pub ebpf: Ebpf,
+}
+
+impl Fixture {
+    /// Loads the object with private maps, all programs, and the pod registered at SLOT.
+    pub fn new() -> Self {
+        let mut ebpf = EbpfLoader::new()
+            .load(datapath_object().unwrap_or_else(|e| panic!("{e}")))
+            .expect("load datapath object");
+        for name in programs::ALL {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .unwrap_or_else(|| panic!("program {name} missing"))
+                .try_into()
+                .expect("classifier");
+            prog.load()
+                .unwrap_or_else(|e| panic!("verifier rejected {name}: {e:?}"));
+        }
+        let mut f = Self { ebpf };
+        f.set_config(0);
+        let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
+        pods.insert(
+            TEST_IFINDEX,
+            abi::Pod {
+                slot: SLOT,
+                ipv4: POD_IP.octets(),
+                ..Default::default()
+            },
+            0,
+        )
+        .expect("register pod");
+        let mut ips: HashMap<_, [u8; 4], u32> = f.map(maps::POD_IPS);
+        ips.insert(POD_IP.octets(), SLOT, 0)
+            .expect("register pod ip");
+        f
+    }
+
+    pub fn map<T>(&mut self, name: &str) -> T
+    where
+        T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+    {
+        // A fresh typed handle on the same kernel object each time, so a test can hold
+        // several views; the Ebpf keeps the original (and the programs reference it).
+        let map = self
+            .ebpf
+            .map(name)
+            .unwrap_or_else(|| panic!("map {name} missing"));
+        let (data, wrap): (&MapData, fn(MapData) -> aya::maps::Map) = match map {
+            aya::maps::Map::Array(m) => (m, aya::maps::Map::Array),
+            aya::maps::Map::HashMap(m) => (m, aya::maps::Map::HashMap),
+            aya::maps::Map::LruHashMap(m) => (m, aya::maps::Map::LruHashMap),
+            aya::maps::Map::LpmTrie(m) => (m, aya::maps::Map::LpmTrie),
+            aya::maps::Map::PerCpuArray(m) => (m, aya::maps::Map::PerCpuArray),
+            other => panic!("unexpected map type {other:?}"),
+        };
+        let id = data.info().expect("map info").id();
+        T::try_from(wrap(MapData::from_id(id).expect("reopen map"))).expect("typed map")
+    }
+
+    pub fn set_config(&mut self, active_gen: u32) {
+        let mut cfg: Array<_, abi::Config> = self.map(maps::CONFIG);
+        cfg.set(
+            0,
+            abi::Config {
+                abi_version: abi::ABI_VERSION,
+                active_gen,
+                ..Default::default()
+            },
+            0,
+        )
+        .expect("set config");
+    }
+
+    pub fn update_config(&mut self, f: impl FnOnce(&mut abi::Config)) {
+        let mut cfg: Array<_, abi::Config> = self.map(maps::CONFIG);
+        let mut c = cfg.get(&0, 0).expect("config");
+        f(&mut c);
+        cfg.set(0, c, 0).expect("set config");
+    }
+
+    /// Changes the pod's record (limits) at SLOT.
+    pub fn update_meta(&mut self, f: impl FnOnce(&mut abi::PodMeta)) {
+        let mut meta: Array<_, abi::PodMeta> = self.map(maps::POD_META);
+        let mut m = meta.get(&SLOT, 0).expect("meta");
+        f(&mut m);
+        meta.set(SLOT, m, 0).expect("set meta");
+    }
+
+    pub fn vqueue(&mut self, idx: u32) -> abi::VQueue {
+        let vq: Array<_, abi::VQueue> = self.map(maps::VQUEUE);
+        vq.get(&idx, 0).expect("vqueue")
+    }
+
+    /// Runs `prog` once on `pkt`; returns the verdict and the packet as the program left it.
+    pub fn run_data(&self, prog: &str, pkt: &[u8], ctx: Option<&[u8; SKB_SIZE]>) -> (u32, Vec<u8>) {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(prog)
+            .expect("program")
+            .try_into()
+            .expect("classifier");
+        let mut out = vec![0u8; pkt.len() + 256];
+        let mut ctx_out = [0u8; SKB_SIZE];
+        let default_ctx = [0u8; SKB_SIZE];
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx.unwrap_or(&default_ctx)),
+                ctx_out: Some(&mut ctx_out),
+                ..TestRunOptions::new()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        out.truncate(res.data_size_out as usize);
+        (res.return_value, out)
+    }
+
+    pub fn prefix(&mut self, gen: u32, cidr: (Ipv4Addr, u32), class: u32) {
+        let mut trie: LpmTrie<_, abi::LpmKeyData, abi::LpmValue> = self.map(maps::PREFIXES);
+        trie.insert(
+            &Key::new(32 + cidr.1, abi::LpmKeyData::new(gen, cidr.0)),
+            abi::LpmValue { class, reserved: 0 },
+            0,
+        )
+        .expect("insert prefix");
+    }
+
+    pub fn run(
+        &self,
+        prog: &str,
+        pkt: &[u8],
+        ctx: Option<&[u8; SKB_SIZE]>,
+    ) -> (u32, [u8; SKB_SIZE]) {
+        let prog: &SchedClassifier = self
+            .ebpf
+            .program(prog)
+            .expect("program")
+            .try_into()
+            .expect("classifier");
+        let mut out = vec![0u8; pkt.len() + 256];
+        let mut ctx_out = [0u8; SKB_SIZE];
+        let default_ctx = [0u8; SKB_SIZE];
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ctx_in: Some(ctx.unwrap_or(&default_ctx)),
+                ctx_out: Some(&mut ctx_out),
+                ..TestRunOptions::new()
+            })
+            .expect("BPF_PROG_TEST_RUN");
+        (res.return_value, ctx_out)
+    }
+
+    pub fn counters(&mut self) -> abi::PodCounters {
+        let arr: PerCpuArray<_, abi::PodCounters> = self.map(maps::COUNTERS);
+        let mut total = abi::PodCounters::default();
+        for v in arr.get(&SLOT, 0).expect("counters").iter() {
+            total += *v;
+        }
+        total
+    }
+
+    pub fn node_counters(&mut self) -> abi::NodeCounters {
+        let arr: PerCpuArray<_, abi::NodeCounters> = self.map(maps::NODE_COUNTERS);
+        let mut total = abi::Counter::default();
+        for v in arr.get(&0, 0).expect("node counters").iter() {
+            total += v.capped;
+        }
+        abi::NodeCounters {
+            capped: total,
+            reserved: [0; 2],
+        }
+    }
+
+    /// The node policy most tests use.
+    pub fn with_policy() -> Self {
+        let mut f = Self::new();
+        f.prefix(0, (Ipv4Addr::new(10, 0, 0, 0), 8), abi::CLASS_INTERNAL);
+        f.prefix(
+            0,
+            (Ipv4Addr::new(169, 254, 169, 254), 32),
+            abi::CLASS_BLOCKED,
+        );
+        f.prefix(0, (Ipv4Addr::new(10, 99, 0, 0), 16), abi::CLASS_BLOCKED);
+        f.prefix(0, (Ipv4Addr::new(10, 99, 7, 0), 24), abi::CLASS_INTERNAL);
+        f
+    }
+}
+
+// ---- packet builders ------------------------------------------------------------------
+
+pub const ETH_HLEN: usize = 14;
+
+pub fn eth(ethertype: u16) -> Vec<u8> {
+    let mut p = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
+    p.extend_from_slice(&ethertype.to_be_bytes());
+    p
+}
+
+pub fn csum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+pub struct Ip {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// DSCP and ECN.
+    pub tos: u8,
+    pub proto: u8,
+    pub options: Vec<u8>,
+    /// (more fragments, offset in 8-byte units)
+    pub frag: (bool, u16),
+    pub payload: Vec<u8>,
+}
+
+impl Ip {
+    pub fn new(src: Ipv4Addr, dst: Ipv4Addr) -> Self {
+        // ICMP echo request with 100 bytes of data, as `ping -s 100` sends.
+        let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
+        icmp.extend(std::iter::repeat_n(0xab, 100));
+        let c = csum(&icmp);
+        icmp[2..4].copy_from_slice(&c.to_be_bytes());
+        Self {
+            src,
+            dst,
+            tos: 0,
+            proto: 1,
+            options: Vec::new(),
+            frag: (false, 0),
+            payload: icmp,
+        }
+    }
+
+    pub fn build(&self) -> Vec<u8> {
+        assert_eq!(self.options.len() % 4, 0);
+        let ihl = 5 + self.options.len() / 4;
+        let total = ihl * 4 + self.payload.len();
+        let frag = (u16::from(self.frag.0) << 13) | self.frag.1;
+        let mut h = vec![(4 << 4) | ihl as u8, self.tos];
+        h.extend_from_slice(&(total as u16).to_be_bytes());
+        h.extend_from_slice(&[0x4a, 0x11]);
+        h.extend_from_slice(&frag.to_be_bytes());
+        h.extend_from_slice(&[64, self.proto, 0, 0]);
+        h.extend_from_slice(&self.src.octets());
+        h.extend_from_slice(&self.dst.octets());
+        h.extend_from_slice(&self.options);
+        let c = csum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut p = eth(0x0800);
+        p.extend(h);
+        p.extend_from_slice(&self.payload);
+        p
+    }
+}
+
+pub fn arp_request() -> Vec<u8> {
+    let mut p = eth(0x0806);
+    p.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+    p.extend_from_slice(&POD_IP.octets());
+    p.extend_from_slice(&[0; 6]);
+    p.extend_from_slice(&[169, 254, 1, 1]);
+    p
+}
+
+/// A TCP segment with a 32-byte header (timestamps) and `len` bytes of payload.
+pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, len: usize) -> Ip {
+    let mut seg = vec![0u8; 32 + len];
+    seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    seg[2..4].copy_from_slice(&443u16.to_be_bytes());
+    seg[12] = 8 << 4; // data offset: 8 words
+    seg[13] = 0x10; // ACK
+    seg[20..22].copy_from_slice(&[1, 1]); // NOP NOP
+    seg[22..24].copy_from_slice(&[8, 10]); // timestamp option header
+    Ip {
+        proto: 6,
+        payload: seg,
+        ..Ip::new(src, dst)
+    }
+}
+
+pub fn ip(s: &str) -> Ipv4Addr {
+    s.parse().expect("address")
+}
+
+pub fn c(packets: u64, bytes: usize) -> abi::Counter {
+    abi::Counter {
+        packets,
+        bytes: bytes as u64,
+    }
+}
+
+/// Counters with exactly the given (direction, class) cells set.
+pub fn expect(cells: &[(abi::Direction, abi::Class, abi::Counter)]) -> abi::PodCounters {
+    let mut out = abi::PodCounters::default();
+    for &(d, k, v) in cells {
+        out.dir[d.index()][k.index()] += v;
+    }
+    out
+}
