@@ -688,3 +688,76 @@ fn a_failed_attach_rolls_back_everything() {
     assert_eq!(attached(n), std::slice::from_ref(&p.container_id));
     n.del_pod(&p).expect_ok("DEL");
 }
+
+/// ICMP echo requests the namespace has received (`Icmp: InEchos` of /proc/net/snmp).
+fn echo_requests_received(ns: &Netns) -> u64 {
+    let out = ns.exec("cat", &["/proc/net/snmp"]).expect("read snmp");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
+    let (names, values) = (
+        icmp.next().expect("Icmp names"),
+        icmp.next().expect("Icmp values"),
+    );
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "InEchos")
+        .expect("InEchos");
+    values
+        .split_whitespace()
+        .nth(at)
+        .expect("value")
+        .parse()
+        .expect("number")
+}
+
+/// A pod that sends from an address not its own (another pod's, or any) is dropped on its
+/// host veth and counted as spoofed there, with the node's reverse-path filter off; the
+/// other pod's counters do not move.
+#[test]
+fn a_pod_cannot_send_from_a_forged_address() {
+    require_root();
+    let f = fabric_with(DEFAULT_POLICY, "1.0.0");
+    let n = f.node(1);
+    let a = n.add_pod("a").unwrap();
+    let b = n.add_pod("b").unwrap();
+    n.ns.exec(
+        "sh",
+        &[
+            "-c",
+            "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done",
+        ],
+    )
+    .expect("rp_filter off on the node");
+    assert_eq!(ping(&a.ns, INTERNET_IP, 1, 100, &[]), 1, "a's own address");
+    let received = echo_requests_received(&f.internet);
+    let b_before = record(n, &b).counters;
+    for forged in [b.ip, Ipv4Addr::new(192, 0, 2, 77)] {
+        let addr = format!("{forged}/32");
+        a.ns.exec("ip", &["addr", "add", &addr, "dev", &a.ifname])
+            .expect("second address in the pod");
+        let src = forged.to_string();
+        assert_eq!(
+            ping(&a.ns, INTERNET_IP, 3, 100, &["-I", &src]),
+            0,
+            "from {forged}"
+        );
+        a.ns.exec("ip", &["addr", "del", &addr, "dev", &a.ifname])
+            .expect("remove the second address");
+    }
+    assert_eq!(
+        echo_requests_received(&f.internet),
+        received,
+        "no forged request arrived"
+    );
+    let k = record(n, &a).counters;
+    assert_eq!(k.spoofed, echoes(6, 100));
+    assert_eq!(get(&k, Direction::Egress, Class::Internet), echoes(1, 100));
+    // b's IPv4 counters (its ARP and IPv6 neighbour traffic, class other, go on).
+    let b_after = record(n, &b).counters;
+    assert_eq!(b_after.spoofed, b_before.spoofed);
+    for d in [Direction::Egress, Direction::Ingress] {
+        for c in [Class::Internal, Class::Internet, Class::Blocked] {
+            assert_eq!(get(&b_after, d, c), get(&b_before, d, c), "b {d:?} {c:?}");
+        }
+    }
+}
