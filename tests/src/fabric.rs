@@ -12,6 +12,7 @@ use crate::{
     ipamd::{Ipamd, IpamdPaths},
     netns::Netns,
     shaperd::{ShaperPaths, Shaperd},
+    traffic::{parse_ping, Ping},
     unique_tag,
 };
 
@@ -129,6 +130,16 @@ impl Fabric {
             vnet,
             _scratch: scratch,
         })
+    }
+
+    /// A fabric of one node with every other option at its default; panics when it cannot
+    /// be built.
+    pub fn one_node() -> Fabric {
+        Fabric::new(FabricOpts {
+            nodes: 1,
+            ..FabricOpts::default()
+        })
+        .expect("build a one-node fabric")
     }
 
     pub fn node(&self, i: usize) -> &Node {
@@ -281,19 +292,25 @@ impl Node {
         let result = out
             .expect_ok(&format!("ADD {name}"))
             .context("ADD printed nothing")?;
-        let ip: Ipv4Addr = result["ips"][0]["address"]
-            .as_str()
-            .and_then(|a| a.split('/').next())
-            .and_then(|a| a.parse().ok())
-            .with_context(|| format!("no ips[0].address in {result}"))?;
-        Ok(Pod {
-            ns,
-            name: name.to_owned(),
-            container_id: cid,
-            ifname: "eth0".into(),
-            ip,
-            result,
-        })
+        Pod::from_result(ns, name, cid, result)
+    }
+
+    /// ADD a pod that may legitimately fail (a full pool): `Err` carries the pod's netns and
+    /// the failed outcome, after a DEL that undoes whatever the failed ADD may have left.
+    pub fn try_add_pod(&self, name: &str) -> std::result::Result<Pod, (Netns, Outcome)> {
+        let ns = Netns::new(&format!("an{}-n{}-{name}", self.tag, self.index)).expect("pod netns");
+        let cid = format!("cid-{}-{name}", self.tag);
+        let inv = Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
+            .args(&Self::k8s_args(name, &cid));
+        let out = self.cni(&inv, &self.plugin_config(None, None));
+        if !out.ok() {
+            let del = Invocation::new("DEL", &cid, Some(&ns.path()), "eth0")
+                .args(&Self::k8s_args(name, &cid));
+            let _ = self.cni(&del, &self.plugin_config(None, None));
+            return Err((ns, out));
+        }
+        let result = out.json().expect("ADD result");
+        Ok(Pod::from_result(ns, name, cid, result).expect("ips[0].address"))
     }
 
     /// DEL a pod the way a runtime does after a normal stop (netns present, prevResult).
@@ -360,6 +377,23 @@ impl Node {
 }
 
 impl Pod {
+    /// The pod an ADD result describes.
+    pub fn from_result(ns: Netns, name: &str, container_id: String, result: Value) -> Result<Pod> {
+        let ip: Ipv4Addr = result["ips"][0]["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("no ips[0].address in {result}"))?;
+        Ok(Pod {
+            ns,
+            name: name.to_owned(),
+            container_id,
+            ifname: "eth0".into(),
+            ip,
+            result,
+        })
+    }
+
     /// `ping -c COUNT [extra] DST` from inside the pod; true when every probe was answered.
     pub fn ping(&self, dst: Ipv4Addr, extra: &[&str]) -> bool {
         let dst = dst.to_string();
@@ -370,5 +404,13 @@ impl Pod {
             .exec_status("ping", &args)
             .map(|o| o.status.success())
             .unwrap_or(false)
+    }
+
+    /// `ping -c n -s size -i interval -W 1 -q dst` from inside the pod: its summary.
+    pub fn ping_summary(&self, dst: Ipv4Addr, n: u32, size: u32, interval: &str) -> Ping {
+        let (n, size, dst) = (n.to_string(), size.to_string(), dst.to_string());
+        let args = ["-c", &n, "-s", &size, "-i", interval, "-W", "1", "-q", &dst];
+        let out = self.ns.exec_status("ping", &args).expect("run ping");
+        parse_ping(&out.stdout)
     }
 }

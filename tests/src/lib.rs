@@ -9,7 +9,7 @@
 //! - [`single`]: one node with a hand-wired pod, an internet host and an internal peer, and a
 //!   private bpffs ([`bpffs`]): the datapath tests and the shaping benchmarks.
 //! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;
-//!   [`traffic`]: iperf3 and ping.
+//!   [`traffic`]: iperf3 and ping; [`ctl`]: aliasnetctl; [`metrics`]: `/metrics`, promtool and Prometheus.
 //!
 //! Every link of a node's uplink has [`test_mtu`] (9000 unless `ALIASNET_TEST_MTU` says
 //! otherwise). Namespace names carry the process id and a counter ([`unique_tag`]), so
@@ -31,8 +31,10 @@
 
 pub mod bpffs;
 pub mod cni;
+pub mod ctl;
 pub mod fabric;
 pub mod ipamd;
+pub mod metrics;
 pub mod netns;
 pub mod shaperd;
 pub mod single;
@@ -40,7 +42,9 @@ pub mod traffic;
 
 use std::{
     path::PathBuf,
+    process::Child,
     sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
 };
 
 /// Directory holding the built binaries (`aliasnet`, `aliasnet-ipamd`, ...).
@@ -110,4 +114,25 @@ pub fn require_tool(name: &str, package: &str) {
         found,
         "needs {name}: apt-get install {package} (tests/setup.sh installs it)"
     );
+}
+
+/// Stops a child process (SIGTERM, then SIGKILL after 10 s) when dropped.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let start = Instant::now();
+        while matches!(self.0.try_wait(), Ok(None)) {
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = self.0.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.wait();
+    }
 }

@@ -196,11 +196,7 @@ fn cases() -> Vec<Case> {
 #[test]
 fn bad_input_gets_the_right_code_and_leaves_nothing() {
     require_root();
-    let f = Fabric::new(FabricOpts {
-        nodes: 1,
-        ..Default::default()
-    })
-    .unwrap();
+    let f = Fabric::one_node();
     let n = f.node(1);
     let pod_ns = Netns::new(&format!("an{}-bad", f.tag)).unwrap();
     let mut failures = Vec::new();
