@@ -45,15 +45,7 @@ async fn wall_clock_steps_neither_end_a_cooldown_nor_replay_an_old_del() {
     for c in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         allocate(&socket, c).await;
     }
-    call(
-        &socket,
-        Request::Release {
-            key: key("a"),
-            teardown_link: None,
-        },
-    )
-    .await
-    .unwrap();
+    release(&socket, "a", None).await;
     for jump in [3_600_000i64, -7_200_000, 0] {
         step.store(jump, Ordering::SeqCst);
         match call(&socket, alloc_req("x", None)).await {

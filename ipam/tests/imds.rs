@@ -327,15 +327,7 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
         sample(&text, "aliasnet_ipam_pool_size{pool=\"nic\"}"),
         Some(3.0)
     );
-    call(
-        &socket,
-        Request::Release {
-            key: key(holder),
-            teardown_link: None,
-        },
-    )
-    .await
-    .unwrap();
+    release(&socket, holder, None).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // past the cooldown
     let Response::Allocated { lease } = call(&socket, alloc("d")).await.unwrap() else {
         panic!()
@@ -368,10 +360,6 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
     };
     assert_eq!(lease.address, Ipv4Addr::new(10, 0, 8, 7));
     d.shutdown().await;
-}
-
-fn key(c: &str) -> AttachmentKey {
-    AttachmentKey::new("net", c, "eth0")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,10 +12,9 @@ use aliasnet_ipam::{
     recover::{self, kernel_routes, Options},
     teardown::{link_exists, NetlinkRemover},
 };
-use aliasnet_ipam_proto::{host_veth_name, Request, Response, RECOVERED_NETWORK};
+use aliasnet_ipam_proto::{Response, RECOVERED_NETWORK};
 use common::*;
 use futures::TryStreamExt;
-use nix::sched::CloneFlags;
 use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, route: Option<Ipv4Addr>) {
@@ -62,9 +61,9 @@ async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, route: Opt
 async fn scenario() {
     let remover = Arc::new(NetlinkRemover::new().expect("netlink socket"));
     let handle = remover.handle().clone();
-    let v1 = host_veth_name("ali", &key("p1"));
-    let v2 = host_veth_name("ali", &key("p2"));
-    let orphan = host_veth_name("ali", &key("gone"));
+    let v1 = v("p1");
+    let v2 = v("p2");
+    let orphan = v("gone");
     add_veth(&handle, &v1, "pod1", Some(Ipv4Addr::new(10, 240, 0, 11))).await;
     add_veth(&handle, &v2, "pod2", Some(Ipv4Addr::new(10, 240, 0, 12))).await;
     add_veth(&handle, &orphan, "pod3", None).await;
@@ -130,15 +129,7 @@ async fn scenario() {
     );
 
     // The plugin's DEL for p2: the key hashes to v2; the daemon deletes the veth.
-    let resp = call(
-        &socket,
-        Request::Release {
-            key: key("p2"),
-            teardown_link: Some(v2.clone()),
-        },
-    )
-    .await
-    .unwrap();
+    let resp = release(&socket, "p2", Some(v2.clone())).await;
     assert_eq!(
         resp,
         Response::Released {
@@ -155,19 +146,5 @@ async fn scenario() {
 
 #[test]
 fn recover_and_reconcile_read_the_real_kernel() {
-    aliasnet_tests::require_root();
-    std::thread::spawn(|| {
-        nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(60), scenario())
-                .await
-                .expect("scenario finished in time");
-        });
-    })
-    .join()
-    .expect("scenario passed");
+    in_own_netns(scenario);
 }

@@ -11,13 +11,11 @@ use aliasnet_ipam::{
     recover::{self, Options, RecoverError},
 };
 use aliasnet_ipam_proto::{
-    host_veth_name, Attachment, AttachmentKey, PodRef, Request, Response, RECOVERED_NETWORK,
+    Attachment, AttachmentKey, PodRef, Request, Response, RECOVERED_NETWORK,
 };
 use common::*;
 
-fn veth(c: &str) -> String {
-    host_veth_name("ali", &key(c))
-}
+use common::v as veth;
 
 fn alloc_with_veth(c: &str, v: Option<&str>) -> Request {
     Request::Allocate {
@@ -192,30 +190,14 @@ async fn recovered_leases_are_released_by_del_gc_and_reconcile() {
     assert_eq!(l.address, Ipv4Addr::new(10, 240, 0, 7));
     // DEL with the veth as teardown link.
     assert_eq!(
-        call(
-            &socket,
-            Request::Release {
-                key: key("x"),
-                teardown_link: Some(veth("x")),
-            }
-        )
-        .await
-        .unwrap(),
+        release(&socket, "x", Some(veth("x"))).await,
         Response::Released {
             address: Some(Ipv4Addr::new(10, 240, 0, 7))
         }
     );
     // DEL without a link: the key's hash names the veth.
     assert_eq!(
-        call(
-            &socket,
-            Request::Release {
-                key: key("y"),
-                teardown_link: None,
-            }
-        )
-        .await
-        .unwrap(),
+        release(&socket, "y", None).await,
         Response::Released {
             address: Some(Ipv4Addr::new(10, 240, 0, 9))
         }

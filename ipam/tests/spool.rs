@@ -26,7 +26,7 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
         dir,
         &SpoolEntry {
             key: key("a"),
-            host_veth: Some(aliasnet_ipam_proto::host_veth_name("ali", &key("a"))),
+            host_veth: Some(v("a")),
             released_at_ms: now_ms(),
             boot_id: None,
             boot_ms: None,
@@ -38,7 +38,7 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
         dir,
         &SpoolEntry {
             key: key("b"),
-            host_veth: Some(aliasnet_ipam_proto::host_veth_name("ali", &key("b"))),
+            host_veth: Some(v("b")),
             released_at_ms: before_b,
             boot_id: None,
             boot_ms: None,
@@ -86,10 +86,7 @@ async fn spool_is_applied_at_start_and_rescanned_while_running() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        rec.names(),
-        [aliasnet_ipam_proto::host_veth_name("ali", &key("a"))]
-    );
+    assert_eq!(rec.names(), [v("a")]);
 
     // A DEL that spooled while the daemon was running (it raced a restart) is picked up too.
     spool::write(

@@ -6,15 +6,9 @@ mod common;
 use std::{sync::Arc, time::Duration};
 
 use aliasnet_ipam::teardown::{link_exists, NetlinkRemover};
-use aliasnet_ipam_proto::{host_veth_name, Attachment, ClientError, ErrorKind, Request, Response};
+use aliasnet_ipam_proto::{Attachment, ClientError, ErrorKind, Request, Response};
 use common::*;
-use nix::sched::CloneFlags;
 use rtnetlink::{LinkBridge, LinkVeth};
-
-/// The plugin's host veth name for container `c`.
-fn v(c: &str) -> String {
-    host_veth_name("ali", &key(c))
-}
 
 /// The peer of host veth `name` (15 characters at most, like every link name).
 fn peer(name: &str) -> String {
@@ -44,15 +38,7 @@ async fn scenario() {
 
     let r = call(&socket, alloc_req("old", Some(&old))).await.unwrap();
     assert!(matches!(r, Response::Allocated { .. }), "{r:?}");
-    let r = call(
-        &socket,
-        Request::Release {
-            key: key("old"),
-            teardown_link: Some(old.clone()),
-        },
-    )
-    .await
-    .unwrap();
+    let r = release(&socket, "old", Some(old.clone())).await;
     assert!(
         matches!(r, Response::Released { address: Some(_) }),
         "{r:?}"
@@ -70,15 +56,7 @@ async fn scenario() {
     );
 
     // A link that does not exist is fine.
-    let r = call(
-        &socket,
-        Request::Release {
-            key: key("new"),
-            teardown_link: Some(v("new")),
-        },
-    )
-    .await
-    .unwrap();
+    let r = release(&socket, "new", Some(v("new"))).await;
     assert!(
         matches!(r, Response::Released { address: Some(_) }),
         "{r:?}"
@@ -178,15 +156,7 @@ async fn attacks() {
             "{m}"
         );
     }
-    let r = call(
-        &socket,
-        Request::Release {
-            key: key("nolease"),
-            teardown_link: Some(v("nolease")),
-        },
-    )
-    .await
-    .unwrap();
+    let r = release(&socket, "nolease", Some(v("nolease"))).await;
     assert_eq!(r, Response::Released { address: None });
     // Nothing was persisted by the refused requests.
     d.shutdown().await;
@@ -201,15 +171,7 @@ async fn attacks() {
 
     // Their own names: the veth goes, the bridge is released but stays.
     for c in ["mine", "bridged"] {
-        let r = call(
-            &socket,
-            Request::Release {
-                key: key(c),
-                teardown_link: Some(v(c)),
-            },
-        )
-        .await
-        .unwrap();
+        let r = release(&socket, c, Some(v(c))).await;
         assert!(
             matches!(r, Response::Released { address: Some(_) }),
             "{r:?}"
@@ -250,46 +212,12 @@ async fn attacks() {
     d.shutdown().await;
 }
 
-/// Run `f` on a thread of its own in a new network namespace (which goes with the thread).
-fn in_netns<F: std::future::Future<Output = ()> + 'static>(f: fn() -> F) {
-    aliasnet_tests::require_root();
-    std::thread::spawn(move || {
-        nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(60), f())
-                .await
-                .expect("scenario finished in time");
-        });
-    })
-    .join()
-    .expect("scenario passed");
-}
-
 #[test]
 fn only_our_own_veths_are_ever_deleted() {
-    in_netns(attacks);
+    in_own_netns(attacks);
 }
 
 #[test]
 fn release_and_gc_delete_host_veths_before_reuse() {
-    aliasnet_tests::require_root();
-    std::thread::spawn(|| {
-        // This thread (and the runtime it drives) lives in its own netns from here on.
-        nix::sched::unshare(CloneFlags::CLONE_NEWNET).expect("unshare netns (needs root)");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(60), scenario())
-                .await
-                .expect("scenario finished in time");
-        });
-    })
-    .join()
-    .expect("scenario passed");
+    in_own_netns(scenario);
 }

@@ -153,6 +153,11 @@ pub fn key(c: &str) -> AttachmentKey {
     AttachmentKey::new("net", c, "eth0")
 }
 
+/// The plugin's host veth name for container `c`.
+pub fn v(c: &str) -> String {
+    aliasnet_ipam_proto::host_veth_name("ali", &key(c))
+}
+
 pub fn alloc_req(c: &str, host_veth: Option<&str>) -> Request {
     Request::Allocate {
         key: key(c),
@@ -181,6 +186,27 @@ pub async fn allocate(socket: &Path, c: &str) -> Lease {
         Ok(Response::Allocated { lease }) => lease,
         other => panic!("allocate {c}: {other:?}"),
     }
+}
+
+/// Allocates for `c` with its host veth named (as the plugin does); the lease.
+pub async fn allocate_with_veth(socket: &Path, c: &str) -> Lease {
+    match call(socket, alloc_req(c, Some(&v(c)))).await {
+        Ok(Response::Allocated { lease }) => lease,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Releases `c`'s lease, tearing down `teardown_link` if named; the daemon's answer.
+pub async fn release(socket: &Path, c: &str, teardown_link: Option<String>) -> Response {
+    call(
+        socket,
+        Request::Release {
+            key: key(c),
+            teardown_link,
+        },
+    )
+    .await
+    .unwrap()
 }
 
 pub async fn list(socket: &Path) -> Vec<Lease> {
@@ -217,6 +243,27 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Run `f` on a thread of its own in a new network namespace (which goes with the thread),
+/// for at most 60 s.
+pub fn in_own_netns<F: std::future::Future<Output = ()> + 'static>(f: fn() -> F) {
+    aliasnet_tests::require_root();
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .expect("unshare netns (needs root)");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), f())
+                .await
+                .expect("scenario finished in time");
+        });
+    })
+    .join()
+    .expect("scenario passed");
 }
 
 /// A plain HTTP/1.1 request to `addr`; returns (status, body). `raw` is sent as is.
