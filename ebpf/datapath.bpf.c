@@ -146,6 +146,8 @@ SEC("classifier")
 int an_pod_egress(struct __sk_buff *skb)
 {
 	struct an_pkt p = {};
+	/* Set by cls_bpf from our filter's classid (see AN_POD_FILTER_CLASSID_BASE). */
+	__u32 classid = skb->tc_classid;
 	__u32 zero = 0, slot, *s, base;
 	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 	struct an_pod_meta *meta;
@@ -162,17 +164,23 @@ int an_pod_egress(struct __sk_buff *skb)
 	base = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
 	skb->priority = base + AN_LEAF_BULK;
 	/*
-	 * The pod is known by its address here: this device is in the pod's namespace, where
-	 * its ifindex names no pod. This is the one place a source address picks a slot. A pod
-	 * that forges another pod's address (a raw socket) charges that pod's egress model
-	 * and flow state with the forged packets before the host veth drops them (from_pod()):
-	 * it can make the other pod's bulk packets look congested for as long as the forged
-	 * ones would take at its rate, and reach none of its counters.
+	 * This device is in the pod's namespace, where its ifindex names no pod: the pod is the
+	 * one whose slot userspace put in this filter's classid, never the source address the
+	 * pod wrote, so forged packets (a raw socket) charge only the forger's own model and
+	 * flow state, and the host veth then drops them (from_pod()). Without a classid (a
+	 * filter not attached by aliasnet, or a test run, which cannot set one) the source
+	 * address picks the slot.
 	 */
-	s = bpf_map_lookup_elem(&an_pod_ips, &p.saddr);
-	if (!s)
-		return TC_ACT_UNSPEC;
-	slot = *s;
+	if (classid) {
+		slot = classid - AN_POD_FILTER_CLASSID_BASE;
+		if (slot >= AN_MAX_PODS)
+			return TC_ACT_UNSPEC;
+	} else {
+		s = bpf_map_lookup_elem(&an_pod_ips, &p.saddr);
+		if (!s)
+			return TC_ACT_UNSPEC;
+		slot = *s;
+	}
 	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 	if (!meta)
 		return TC_ACT_UNSPEC;

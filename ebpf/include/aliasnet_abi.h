@@ -11,11 +11,12 @@
  * AN_ABI_VERSION covers everything in this file: the structs, the map definitions built
  * from them (including the attachment-key index userspace pins next to the programs'
  * maps), the values stored in them (classes, flags, connection states, the an_vqueue and
- * an_flows indexing) and the HTB class ids the programs write, which name classes that
- * outlive a program upgrade on the pods' devices. Changing any of it means bumping the
- * version: the loader refuses to reuse pinned maps of another version. Tuning constants
- * and benchmark switches (aliasnet_tuning.h) change behaviour, not layout, and are not
- * covered.
+ * an_flows indexing), the HTB class ids the programs write, which name classes that
+ * outlive a program upgrade on the pods' devices, and the classid of the pod-side filter
+ * (AN_POD_FILTER_CLASSID_BASE + slot), which the program reads. Changing any of it means
+ * bumping the version: the loader refuses to reuse pinned maps of another version.
+ * Tuning constants and benchmark switches (aliasnet_tuning.h) change behaviour, not
+ * layout, and are not covered.
  */
 #ifndef ALIASNET_ABI_H
 #define ALIASNET_ABI_H
@@ -62,6 +63,19 @@
 #define AN_CLASSID_NODE_CAP 0x00010010     /* uplink: 1:10 node-wide internet-egress cap */
 #define AN_LEAF_SPARSE 1                   /* minor offset of a class's sparse leaf */
 #define AN_LEAF_BULK 2                     /* minor offset of a class's bulk leaf */
+
+/*
+ * The pod-side filter (an_pod_egress, in the pod's netns, where no ifindex names a pod) is
+ * attached with classid (TCA_BPF_CLASSID) AN_POD_FILTER_CLASSID_BASE + slot. In
+ * direct-action mode cls_bpf stores a filter's classid in the skb (qdisc_skb_cb, 16 bits)
+ * before running its program, which reads it as skb->tc_classid: the pod is the device the
+ * filter is on, not the source address it wrote. 0 is "no classid" (a filter attached
+ * without one, or BPF_PROG_TEST_RUN, which cannot set it): the program then falls back to
+ * the source address (see an_pod_egress).
+ */
+#define AN_POD_FILTER_CLASSID_BASE 1
+_Static_assert(AN_POD_FILTER_CLASSID_BASE + AN_MAX_PODS - 1 <= 0xffff,
+	       "a slot's filter classid fits qdisc_skb_cb's 16-bit tc_classid");
 
 /*
  * an_prefixes: LPM trie. The key's data part is {gen, addr}: every entry has

@@ -41,6 +41,14 @@ pub const CLASSID_NODE_CAP: u32 = 0x0001_0010;
 /// Minor offsets of a shaped class's two leaves (see `an_flows` in the header).
 pub const LEAF_SPARSE: u32 = 1;
 pub const LEAF_BULK: u32 = 2;
+/// The pod-side filter's classid is this plus the pod's slot (0 would be "none").
+pub const POD_FILTER_CLASSID_BASE: u32 = 1;
+
+/// The classid (`TCA_BPF_CLASSID`) of slot `slot`'s pod-side filter: how `an_pod_egress`
+/// knows its pod without trusting the packet's source address.
+pub const fn pod_filter_classid(slot: u32) -> u32 {
+    POD_FILTER_CLASSID_BASE + slot
+}
 
 pub const META_IN_USE: u32 = 1;
 pub const META_INTERNET_FROM_POLICY: u32 = 2;

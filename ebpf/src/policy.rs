@@ -295,9 +295,11 @@ impl Datapath {
             }
             let netns_path = PathBuf::from(abi::cstr(&meta.netns));
             let pins = self.pins.clone();
-            let res = netns::run_in(&netns_path, || reconcile_pod_side(&pins, &meta, false))
-                .map_err(DatapathError::from)
-                .and_then(|r| r);
+            let res = netns::run_in(&netns_path, || {
+                reconcile_pod_side(&pins, rec.slot, &meta, false)
+            })
+            .map_err(DatapathError::from)
+            .and_then(|r| r);
             match res {
                 Ok(pod_ifindex) => {
                     meta.pod_ifindex = pod_ifindex;

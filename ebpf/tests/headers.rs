@@ -46,6 +46,7 @@ mod abi_header {
             ("AN_CLASSID_POD_INGRESS", CLASSID_POD_INGRESS.into()),
             ("AN_LEAF_SPARSE", LEAF_SPARSE.into()),
             ("AN_LEAF_BULK", LEAF_BULK.into()),
+            ("AN_POD_FILTER_CLASSID_BASE", POD_FILTER_CLASSID_BASE.into()),
             ("AN_FLOW_BUCKETS", FLOW_BUCKETS.into()),
             ("AN_POD_INGRESS_LIMIT", POD_INGRESS_LIMIT.into()),
             ("AN_MAX_CONNS", MAX_CONNS.into()),

@@ -489,3 +489,45 @@ fn extreme_rates_and_bursts_give_the_queue_model_the_right_credit() {
         assert!(t_empty + want_ns <= after + tx + slack, "{what}");
     }
 }
+
+// ---- the pod-side program's slot ------------------------------------------------------
+
+/// `offsetof(struct __sk_buff, tc_classid)`.
+const SKB_TC_CLASSID: usize = 72;
+
+/// `an_pod_egress` takes its pod's slot from its filter's classid (`skb->tc_classid`), never
+/// from the source address the pod wrote. A test run cannot set that field (the kernel
+/// refuses a ctx with anything between `cb` and `tstamp`), so the classid path is attacked
+/// end to end (`a_pod_cannot_send_from_a_forged_address` in tests/tests/datapath.rs); this
+/// keeps that reason true: if a kernel starts accepting it, test it here.
+#[test]
+fn a_test_run_cannot_give_the_pod_side_program_a_classid() {
+    if !require_root() {
+        return;
+    }
+    use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
+    let f = fixture();
+    let prog: &SchedClassifier = f
+        .ebpf
+        .program(programs::POD_EGRESS)
+        .expect("program")
+        .try_into()
+        .expect("classifier");
+    let pkt = Ip::new(OTHER_POD_IP, INTERNET).build();
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_TC_CLASSID..SKB_TC_CLASSID + 4]
+        .copy_from_slice(&abi::pod_filter_classid(SLOT).to_ne_bytes());
+    let mut out = vec![0u8; pkt.len() + 256];
+    let res = prog.test_run(TestRunOptions {
+        data_in: Some(&pkt),
+        data_out: Some(&mut out),
+        ctx_in: Some(&ctx),
+        ..TestRunOptions::new()
+    });
+    match res {
+        Err(aya::programs::ProgramError::SyscallError(e)) => {
+            assert_eq!(e.io_error.raw_os_error(), Some(libc::EINVAL), "{e:?}");
+        }
+        other => panic!("a test run's ctx set tc_classid: {other:?}"),
+    }
+}

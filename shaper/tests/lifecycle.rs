@@ -295,7 +295,7 @@ fn upgrade_switches_live_filters_to_new_programs() {
 
     let mut dp = f.open();
     let att = f.attachment(Limits::default());
-    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let slot = f.in_node(|| dp.attach_pod(&att)).expect("attach").slot;
     let egress_before = filter_prog_id(&f, "node", "vh1", Hook::Egress);
     assert_eq!(filter_prog_id(&f, "node", "vh1", Hook::Ingress), old_id);
     assert_eq!(filter_prog_id(&f, "pod", "eth0", Hook::Egress), old_pod_id);
@@ -331,6 +331,19 @@ fn upgrade_switches_live_filters_to_new_programs() {
         filter_prog_id(&f, "pod", "eth0", Hook::Egress),
         prog_id(&f, "an_pod_egress"),
         "the pod-side filter runs the new program"
+    );
+    let classid = aliasnet_netns::run_in(f.ns_path("pod"), || {
+        let ifindex = nix::net::if_::if_nametoindex("eth0").expect("ifindex");
+        Rtnl::new().expect("rtnl").our_filter(ifindex, Hook::Egress)
+    })
+    .expect("enter netns")
+    .expect("list filters")
+    .expect("pod-side filter")
+    .classid;
+    assert_eq!(
+        classid,
+        abi::pod_filter_classid(slot),
+        "the replaced pod-side filter carries the pod's slot again"
     );
     assert_ne!(prog_id(&f, "an_pod_egress"), old_pod_id);
     assert_eq!(

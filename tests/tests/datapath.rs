@@ -761,3 +761,45 @@ fn a_pod_cannot_send_from_a_forged_address() {
         }
     }
 }
+
+/// The pod-side program finds its pod by the filter it runs in (the classid carries the
+/// slot), not by the source address: packets a pod forges with another pod's address move
+/// only its own egress queue model, never the other pod's, before the host veth drops them.
+#[test]
+fn a_forged_address_does_not_reach_another_pods_egress_model() {
+    require_root();
+    let f = fabric_with(DEFAULT_POLICY, "1.0.0");
+    let n = f.node(1);
+    let rc = json!({"bandwidth": {"EgressRate": 10_000_000u64, "EgressBurst": 4_294_967_295u64}});
+    let a = add_ok(&f, n, "a", Some(&rc));
+    let b = add_ok(&f, n, "b", Some(&rc));
+    let (ra, rb) = (record(n, &a), record(n, &b));
+    let dp = open(n);
+    for r in [&ra, &rb] {
+        let hooks = dp.hooks_of(r);
+        assert!(hooks.pod_egress.is_ok(), "{:?}", hooks.problems(r));
+    }
+    let model = |slot| {
+        use aliasnet_ebpf::abi::{VQ_EGRESS, VQ_INTERNET};
+        [VQ_EGRESS, VQ_INTERNET].map(|c| dp.vqueue_of(slot, c).expect("an_vqueue"))
+    };
+    // b sends no IPv4 (its ARP and IPv6 neighbour traffic is not modelled).
+    let b_before = model(rb.slot);
+    let a_before = model(ra.slot);
+    let addr = format!("{}/32", b.ip);
+    a.ns.exec("ip", &["addr", "add", &addr, "dev", &a.ifname])
+        .expect("b's address in a");
+    let src = b.ip.to_string();
+    assert_eq!(
+        ping(&a.ns, INTERNET_IP, 20, 1400, &["-I", &src]),
+        0,
+        "nothing forged arrives"
+    );
+    assert_eq!(model(rb.slot), b_before, "b's egress model moved");
+    let a_after = model(ra.slot);
+    assert!(
+        a_after[0].t_empty > a_before[0].t_empty,
+        "a's egress model took its forged packets: {a_before:?} -> {a_after:?}"
+    );
+    assert_eq!(record(n, &a).counters.spoofed, echoes(20, 1400));
+}

@@ -316,7 +316,14 @@ fn refilter(
                 if nix::net::if_::if_nametoindex(host.as_str()) != Ok(m.host_ifindex) {
                     continue;
                 }
-                let r = rt.set_bpf_filter(m.host_ifindex, hook, fd, name, FilterMode::ReplaceOnly);
+                let r = rt.set_bpf_filter(
+                    m.host_ifindex,
+                    hook,
+                    fd,
+                    name,
+                    None,
+                    FilterMode::ReplaceOnly,
+                );
                 if replaced(r)? {
                     n += 1;
                 }
@@ -333,11 +340,13 @@ fn refilter(
                     let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname.as_str()) else {
                         return Ok(false);
                     };
+                    // The replacement is a new filter: it carries the slot again.
                     let r = Rtnl::new()?.set_bpf_filter(
                         ifindex,
                         Hook::Egress,
                         fd,
                         name,
+                        Some(abi::pod_filter_classid(*slot)),
                         FilterMode::ReplaceOnly,
                     );
                     replaced(r)

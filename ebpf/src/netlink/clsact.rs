@@ -104,6 +104,8 @@ pub struct BpfFilter {
     /// The program it runs now.
     pub prog_id: u32,
     pub direct_action: bool,
+    /// `TCA_BPF_CLASSID`, 0 if none: the program reads it as `skb->tc_classid`.
+    pub classid: u32,
 }
 
 fn filter_message(ifindex: u32, hook: Hook, prio: u16, handle: u32) -> TcMessage {
@@ -205,22 +207,29 @@ impl Rtnl {
     }
 
     /// Puts program `prog` on `hook` of `ifindex` as a direct-action cls_bpf filter at
-    /// [`FILTER_PRIO`]/[`FILTER_HANDLE`], named `name`. The clsact qdisc must exist.
+    /// [`FILTER_PRIO`]/[`FILTER_HANDLE`], named `name`, with `classid` if given (cls_bpf
+    /// hands it to the program in `skb->tc_classid`). A replacement is a new filter: a
+    /// classid not given again is gone. The clsact qdisc must exist.
     pub fn set_bpf_filter(
         &mut self,
         ifindex: u32,
         hook: Hook,
         prog: BorrowedFd<'_>,
         name: &str,
+        classid: Option<u32>,
         mode: FilterMode,
     ) -> Result<(), NetlinkError> {
         let mut m = filter_message(ifindex, hook, FILTER_PRIO, FILTER_HANDLE);
         m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
-        m.attributes.push(TcAttribute::Options(vec![
+        let mut opts = vec![
             TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
             TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
             TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-        ]));
+        ];
+        if let Some(c) = classid {
+            opts.push(TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(c))));
+        }
+        m.attributes.push(TcAttribute::Options(opts));
         // cls_bpf ignores NLM_F_REPLACE; what matters is no NLM_F_EXCL (replace an existing
         // filter) and NLM_F_CREATE or not (may create one).
         let flags = match mode {
@@ -280,6 +289,7 @@ impl Rtnl {
                 name: String::new(),
                 prog_id: 0,
                 direct_action: false,
+                classid: 0,
             };
             for a in &f.attributes {
                 let TcAttribute::Options(opts) = a else {
@@ -289,6 +299,9 @@ impl Rtnl {
                     match o {
                         TcOption::Bpf(TcFilterBpfOption::ProgName(n)) => filter.name.clone_from(n),
                         TcOption::Bpf(TcFilterBpfOption::ProgId(id)) => filter.prog_id = *id,
+                        TcOption::Bpf(TcFilterBpfOption::ClassId(c)) => {
+                            filter.classid = u32::from(*c);
+                        }
                         TcOption::Bpf(TcFilterBpfOption::Flags(fl)) => {
                             filter.direct_action = fl.contains(TcBpfFlags::DirectAction);
                         }

@@ -25,14 +25,15 @@ use crate::{
     shape::Shape,
 };
 
-/// Puts the pinned program `name` on `hook` of `ifindex` (the clsact qdisc must exist); the
-/// filter takes its own reference to the program.
+/// Puts the pinned program `name` on `hook` of `ifindex` (the clsact qdisc must exist), with
+/// `classid` if given; the filter takes its own reference to the program.
 fn attach_filter(
     rt: &mut Rtnl,
     pins: &PinPaths,
     ifindex: u32,
     hook: Hook,
     name: &str,
+    classid: Option<u32>,
 ) -> Result<(), DatapathError> {
     let path = pins.prog(name);
     let prog = clsact::open_pinned(&path).map_err(|e| DatapathError::io("open", &path, e))?;
@@ -41,6 +42,7 @@ fn attach_filter(
         hook,
         prog.as_fd(),
         name,
+        classid,
         FilterMode::CreateOrReplace,
     )?;
     Ok(())
@@ -48,9 +50,11 @@ fn attach_filter(
 
 /// Pod side, run inside the pod netns: egress qdisc and class-selecting program, or their
 /// removal when the pod has no egress limit. Returns the pod interface's ifindex, 0 when
-/// nothing is installed on it.
+/// nothing is installed on it. The program's filter carries `slot` in its classid: in the
+/// pod netns that is how the program knows its pod (never by the source address).
 pub(crate) fn reconcile_pod_side(
     pins: &PinPaths,
+    slot: u32,
     meta: &abi::PodMeta,
     fresh: bool,
 ) -> Result<u32, DatapathError> {
@@ -73,6 +77,7 @@ pub(crate) fn reconcile_pod_side(
                     pod_ifindex,
                     Hook::Egress,
                     programs::POD_EGRESS,
+                    Some(abi::pod_filter_classid(slot)),
                 )
             };
             match apply() {
@@ -263,6 +268,7 @@ impl Datapath {
             meta.host_ifindex,
             Hook::Ingress,
             programs::HOST_INGRESS,
+            None,
         )?;
         attach_filter(
             &mut rt,
@@ -270,6 +276,7 @@ impl Datapath {
             meta.host_ifindex,
             Hook::Egress,
             programs::HOST_EGRESS,
+            None,
         )?;
         if let Some(classes) = host_ingress_classes(meta) {
             // Without the program's choice (not attached yet) traffic takes the bulk leaf.
@@ -290,8 +297,9 @@ impl Datapath {
         if pod_egress_classes(meta).is_some() {
             let pins = self.pins.clone();
             let pod_meta = *meta;
-            meta.pod_ifindex =
-                netns::run_in(&req.netns, || reconcile_pod_side(&pins, &pod_meta, true))??;
+            meta.pod_ifindex = netns::run_in(&req.netns, || {
+                reconcile_pod_side(&pins, slot, &pod_meta, true)
+            })??;
             self.meta
                 .set(slot, *meta, 0)
                 .map_err(|e| DatapathError::map(maps::POD_META, e))?;

@@ -14,9 +14,16 @@ use crate::{
     netns, programs,
 };
 
-/// Our filter's state on `hook` of `ifindex` (in the calling thread's netns).
-fn hook_state(rt: &mut Rtnl, ifindex: u32, hook: Hook, prog: &str) -> HookState {
+/// Our filter's state on `hook` of `ifindex` (in the calling thread's netns); `classid` is
+/// the one it must carry (0: none).
+fn hook_state(rt: &mut Rtnl, ifindex: u32, hook: Hook, prog: &str, classid: u32) -> HookState {
     match rt.our_filter(ifindex, hook) {
+        Ok(Some(f)) if f.name == prog && f.direct_action && f.classid != classid => {
+            HookState::WrongClassid {
+                found: f.classid,
+                wanted: classid,
+            }
+        }
         Ok(Some(f)) if f.name == prog && f.direct_action => {
             HookState::Attached { prog_id: f.prog_id }
         }
@@ -44,8 +51,8 @@ impl Datapath {
                 Ok(mut rt) => {
                     let ifx = rec.meta.host_ifindex;
                     (
-                        hook_state(&mut rt, ifx, Hook::Ingress, programs::HOST_INGRESS),
-                        hook_state(&mut rt, ifx, Hook::Egress, programs::HOST_EGRESS),
+                        hook_state(&mut rt, ifx, Hook::Ingress, programs::HOST_INGRESS, 0),
+                        hook_state(&mut rt, ifx, Hook::Egress, programs::HOST_EGRESS, 0),
                     )
                 }
                 Err(e) => (
@@ -66,6 +73,7 @@ impl Datapath {
                     i,
                     Hook::Egress,
                     programs::POD_EGRESS,
+                    abi::pod_filter_classid(rec.slot),
                 ))
             }) {
                 Ok(Ok(s)) => s,
@@ -87,6 +95,14 @@ impl Datapath {
             .get(&slot, 0)
             .map_err(|e| DatapathError::map(maps::COUNTERS, e))?;
         Ok(sum_counters(&v))
+    }
+
+    /// The modelled queue of `slot`'s class queue `class` (`abi::VQ_INGRESS`, `VQ_EGRESS`,
+    /// `VQ_INTERNET`).
+    pub fn vqueue_of(&self, slot: u32, class: u32) -> Result<abi::VQueue, DatapathError> {
+        self.vqueue
+            .get(&abi::vq_index(slot, class), 0)
+            .map_err(|e| DatapathError::map(maps::VQUEUE, e))
     }
 
     /// Queue statistics of a pod's shaping qdiscs; enters the pod netns for the egress side.

@@ -9,7 +9,9 @@
 //! - ingress limit: HTB root on the host veth, one class (1:1) at the rate;
 //! - internet-egress and/or total egress limit: HTB root on the pod's eth0 (inside the pod
 //!   netns) with `an_pod_egress` (cls_bpf, clsact egress) choosing the class per packet: 1:10
-//!   internet, 1:20 the rest. Without a total egress limit there is no 1:20, so non-internet
+//!   internet, 1:20 the rest. Its filter's classid names the pod's slot
+//!   ([`crate::abi::pod_filter_classid`]): in the pod netns that, not the packet's source
+//!   address, is how the program knows its pod. Without a total egress limit there is no 1:20, so non-internet
 //!   traffic falls through to HTB's unshaped direct queue: internal traffic stays at line
 //!   rate. A pod without egress limits gets nothing on its eth0 (and the pod netns is not
 //!   entered at all).
@@ -161,6 +163,9 @@ pub enum HookState {
     Attached { prog_id: u32 },
     /// No filter of ours on the hook.
     Missing,
+    /// Our filter is there with a classid other than the pod's (the pod-side program takes
+    /// its slot from it, see [`crate::abi::pod_filter_classid`]).
+    WrongClassid { found: u32, wanted: u32 },
     /// The pod has no egress limit, so its interface carries no program.
     NotNeeded,
     /// Could not be checked (device or netns gone, netlink refused).
@@ -198,6 +203,11 @@ impl PodHooks {
         .filter_map(|(state, prog, dev, hook)| match state {
             HookState::Missing => Some(format!(
                 "datapath program {prog} is not attached to {dev} {hook} (slot {})",
+                rec.slot
+            )),
+            HookState::WrongClassid { found, wanted } => Some(format!(
+                "datapath program {prog} on {dev} {hook} (slot {}) has classid {found:#x}, not \
+                 the slot's {wanted:#x}",
                 rec.slot
             )),
             HookState::Unknown(why) => Some(format!(
