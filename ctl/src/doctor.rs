@@ -116,7 +116,7 @@ fn collect(g: &Global, o: &Options) -> Report {
     let datapath = daemons::open_datapath(&g.pin_root);
     // The applied node config (node cap, uplink), from the same open as the records.
     let node_config = datapath.as_ref().ok().and_then(|dp| dp.config().ok());
-    let records: Option<Vec<PodRecord>> = match datapath {
+    let records: Option<Vec<PodRecord>> = match &datapath {
         Ok(dp) => match dp.pods() {
             Ok(r) => Some(r),
             Err(e) => {
@@ -217,7 +217,7 @@ fn collect(g: &Global, o: &Options) -> Report {
             }
         }
         // Programs: every leased pod with a veth should be attached.
-        if records.is_some() {
+        if let (Some(_), Ok(dp)) = (&records, &datapath) {
             for l in leases {
                 let veth = veth_of(l, &o.veth_prefix);
                 if !by_name.contains_key(veth.as_str()) {
@@ -235,20 +235,25 @@ fn collect(g: &Global, o: &Options) -> Report {
                         fix: delete_pod_fix(&ns, &name),
                     }),
                     Some(r) => {
-                        let p = probe::programs_of(r);
+                        let p = probe::programs_of(dp, r);
                         for (what, a) in [
                             ("an_host_ingress (ingress hook of the host veth)", &p.host_ingress),
                             ("an_host_egress (egress hook of the host veth)", &p.host_egress),
                             ("an_pod_egress (egress hook of the pod's interface)", &p.pod_egress),
                         ] {
-                            if *a == Attach::Missing {
-                                findings.push(Finding {
-                                    check: Check::ProgramMissing,
-                                    subject: pod_name(l),
-                                    problem: format!("{what} is not attached"),
-                                    fix: delete_pod_fix(&ns, &name),
-                                });
-                            }
+                            let problem = match a {
+                                Attach::Missing => format!("{what} is not attached"),
+                                Attach::WrongClassid { found, wanted } => format!(
+                                    "{what} carries classid {found}, not the pod's {wanted}: its egress is shaped as another pod's"
+                                ),
+                                _ => continue,
+                            };
+                            findings.push(Finding {
+                                check: Check::ProgramMissing,
+                                subject: pod_name(l),
+                                problem,
+                                fix: delete_pod_fix(&ns, &name),
+                            });
                         }
                     }
                 }

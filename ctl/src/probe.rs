@@ -1,12 +1,11 @@
 //! Kernel feature probes and per-pod program checks. Probes act, not guess: tcx is a real
 //! BPF_PROG_QUERY, fq a real qdisc creation inside a throwaway network namespace.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aliasnet_ebpf::{
-    abi,
-    netlink::{Hook, NetlinkError, Rtnl},
-    programs, PodRecord,
+    netlink::{NetlinkError, Rtnl},
+    Datapath, HookState, PodRecord,
 };
 use aya::programs::{tc::TcAttachType, SchedClassifier};
 use serde::Serialize;
@@ -157,6 +156,11 @@ pub fn kernel() -> Kernel {
 pub enum Attach {
     Attached,
     Missing,
+    /// Our filter is there, carrying another pod's slot as its classid.
+    WrongClassid {
+        found: u32,
+        wanted: u32,
+    },
     /// The pod has no egress limit, so no egress program is needed.
     NotNeeded,
     /// Could not be checked (interface or netns gone, no permission).
@@ -168,8 +172,21 @@ impl Attach {
         match self {
             Attach::Attached => "yes",
             Attach::Missing => "MISSING",
+            Attach::WrongClassid { .. } => "WRONG",
             Attach::NotNeeded => "-",
             Attach::Unknown(_) => "?",
+        }
+    }
+}
+
+impl From<HookState> for Attach {
+    fn from(h: HookState) -> Self {
+        match h {
+            HookState::Attached { .. } => Attach::Attached,
+            HookState::Missing => Attach::Missing,
+            HookState::WrongClassid { found, wanted } => Attach::WrongClassid { found, wanted },
+            HookState::NotNeeded => Attach::NotNeeded,
+            HookState::Unknown(why) => Attach::Unknown(why),
         }
     }
 }
@@ -190,44 +207,13 @@ impl Programs {
     }
 }
 
-/// Whether `prog` runs on the `at` hook of `ifname` (calling thread's netns) as a cls_bpf
-/// filter in a clsact qdisc (the per-pod attachment).
-fn attached(ifname: &str, at: Hook, prog: &str) -> Attach {
-    let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname) else {
-        return Attach::Unknown(format!("interface {ifname} does not exist"));
-    };
-    match Rtnl::new().and_then(|mut r| r.filters(ifindex, at)) {
-        Ok(filters) if filters.iter().any(|f| f.name == prog) => Attach::Attached,
-        Ok(_) => Attach::Missing,
-        Err(e) => Attach::Unknown(format!("{ifname}: cannot list tc filters: {e}")),
-    }
-}
-
-/// Checks the program attachments of a pod (host side here, pod side in its netns).
-pub fn programs_of(rec: &PodRecord) -> Programs {
-    let host = rec.host_ifname();
-    let needs_pod_side = rec.meta.egress_rate != 0 || rec.meta.internet_egress_rate != 0;
-    let pod_egress = if needs_pod_side {
-        let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
-        let ifname = rec.ifname();
-        match aliasnet_netns::run_in(&netns, || {
-            attached(&ifname, Hook::Egress, programs::POD_EGRESS)
-        }) {
-            Ok(a) => a,
-            Err(e @ aliasnet_netns::NetnsError::Enter { .. }) => {
-                Attach::Unknown(format!("enter pod netns: {e}"))
-            }
-            Err(aliasnet_netns::NetnsError::Panicked(_)) => {
-                Attach::Unknown("probe thread panicked".into())
-            }
-            Err(_) => Attach::Unknown(format!("pod netns {} is gone", netns.display())),
-        }
-    } else {
-        Attach::NotNeeded
-    };
+/// Checks the program attachments of a pod (host side in the calling thread's netns, pod
+/// side in its netns), as the plugin's CHECK does.
+pub fn programs_of(dp: &Datapath, rec: &PodRecord) -> Programs {
+    let h = dp.hooks_of(rec);
     Programs {
-        host_ingress: attached(&host, Hook::Ingress, programs::HOST_INGRESS),
-        host_egress: attached(&host, Hook::Egress, programs::HOST_EGRESS),
-        pod_egress,
+        host_ingress: h.host_ingress.into(),
+        host_egress: h.host_egress.into(),
+        pod_egress: h.pod_egress.into(),
     }
 }

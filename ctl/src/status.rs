@@ -162,7 +162,7 @@ fn collect(g: &Global) -> Status {
             match dp.pods() {
                 Ok(pods) => {
                     for rec in pods {
-                        let programs = probe::programs_of(&rec);
+                        let programs = probe::programs_of(&dp, &rec);
                         if !programs.complete() {
                             problems.push(format!(
                                 "pod {}/{}: eBPF programs missing or unverifiable",
