@@ -160,7 +160,7 @@ impl Fetcher {
                 .client
                 .request(req)
                 .await
-                .map_err(|e| FetchError::Unreachable(error_chain(&e)))?;
+                .map_err(|e| FetchError::Unreachable(crate::error_chain(&e)))?;
             let status = resp.status().as_u16();
             if status != 200 {
                 return Err(FetchError::Status(status, retry_after(resp.headers())));
@@ -179,17 +179,6 @@ impl Fetcher {
             ))),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 /// The adaptive schedule of one poller.

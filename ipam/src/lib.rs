@@ -28,3 +28,15 @@ pub mod teardown;
 
 #[cfg(test)]
 mod model_tests;
+
+/// An error and its sources joined by ": ", for logs and replies.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}

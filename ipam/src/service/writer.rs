@@ -83,24 +83,13 @@ fn write_batch(
         let _ = shared.teardown.send(l);
     }
     let res = res.map_err(|e| {
-        let msg = error_chain(&e);
+        let msg = crate::error_chain(&e);
         tracing::error!(error = %msg, records = batch.iter().map(|b| b.0.len()).sum::<usize>(), "durable write failed; the batch was rolled back");
         msg
     });
     for (_, ack) in batch {
         let _ = ack.send(res.clone());
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 fn finish_compaction(
@@ -118,7 +107,7 @@ fn finish_compaction(
             );
         }
         Ok(Err(e)) => {
-            tracing::error!(error = %error_chain(&e), "snapshot failed; keeping the logs (the store stays consistent)")
+            tracing::error!(error = %crate::error_chain(&e), "snapshot failed; keeping the logs (the store stays consistent)")
         }
         Err(_) => tracing::error!("snapshot thread panicked; keeping the logs"),
     }
@@ -142,7 +131,7 @@ fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u6
     let generation = match store.rotate() {
         Ok(g) => g,
         Err(e) => {
-            tracing::error!(error = %error_chain(&e), "cannot start a new log; compaction postponed");
+            tracing::error!(error = %crate::error_chain(&e), "cannot start a new log; compaction postponed");
             return;
         }
     };

@@ -11,14 +11,14 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fs::{self, File, OpenOptions},
+    fs::{self, File},
     io::{self, BufReader, BufWriter, Read, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use super::{
-    corrupt, log_name, record, sync_dir, tail_after, StoreError, SNAPSHOT_FILE, SNAPSHOT_TMP,
+    corrupt, create_private, log_name, record, sync_dir, tail_after, StoreError, SNAPSHOT_FILE,
+    SNAPSHOT_TMP,
 };
 use crate::store::record::{Record, FRAME_HEADER, HEADER_LEN, LOG_MAGIC, SNAPSHOT_MAGIC};
 
@@ -254,13 +254,7 @@ impl Job {
             path: tmp.clone(),
             source,
         };
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(werr)?;
+        let f = create_private(&tmp, false).map_err(werr)?;
         let mut w = BufWriter::with_capacity(IO_BUF, f);
         let mut header = Vec::with_capacity(HEADER_LEN);
         record::encode_header(&mut header, SNAPSHOT_MAGIC, self.to);

@@ -495,19 +495,24 @@ fn init_log(f: &File, path: &Path, generation: u64) -> Result<u64, StoreError> {
     Ok(alloc)
 }
 
+/// Creates (or truncates) `path` for writing (and reading, with `read`), readable by its owner
+/// only.
+fn create_private(path: &Path, read: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(read)
+        .write(true)
+        .mode(0o600)
+        .open(path)
+}
+
 fn create_log(dir: &Path, path: &Path, generation: u64) -> Result<(File, u64), StoreError> {
     let werr = |source| StoreError::Write {
         path: path.to_path_buf(),
         source,
     };
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(werr)?;
+    let f = create_private(path, true).map_err(werr)?;
     let alloc = init_log(&f, path, generation)?;
     sync_dir(dir).map_err(werr)?;
     Ok((f, alloc))

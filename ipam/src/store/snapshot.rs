@@ -1,8 +1,8 @@
 //! Writing snapshots: the encoder, and the durable tmp-fsync-rename of a snapshot file.
 
 use std::{
-    fs::{self, DirBuilder, OpenOptions},
-    os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt},
+    fs::{self, DirBuilder},
+    os::unix::fs::{DirBuilderExt, FileExt},
     path::Path,
 };
 
@@ -17,13 +17,7 @@ pub fn write_snapshot(dir: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         path: tmp.clone(),
         source,
     };
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(werr)?;
+    let f = create_private(&tmp, false).map_err(werr)?;
     f.write_all_at(bytes, 0)
         .and_then(|()| f.sync_all())
         .map_err(werr)?;

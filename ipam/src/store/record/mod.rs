@@ -437,16 +437,7 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
             let released_at_ms = c.u64()?;
             let key = c.bytes()?;
             let teardown = c.opt()?;
-            if !key_is_valid(key) {
-                return Err("release record with a malformed key".into());
-            }
-            check_link(teardown.as_deref())?;
-            Record::Release(ReleaseRec {
-                key: key.into(),
-                addr,
-                released_at_ms,
-                teardown,
-            })
+            release_rec(key, addr, released_at_ms, teardown)?
         }
         1 => {
             let addr = c.u32()?;
@@ -492,16 +483,7 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
             let released_at_ms = c.u64()?;
             let key = crate::lease::encode_key(&v1_key(&c.str()?)?);
             let teardown = c.opt()?;
-            if !key_is_valid(&key) {
-                return Err("release record with a malformed key".into());
-            }
-            check_link(teardown.as_deref())?;
-            Record::Release(ReleaseRec {
-                key: key.into(),
-                addr,
-                released_at_ms,
-                teardown,
-            })
+            release_rec(&key, addr, released_at_ms, teardown)?
         }
         3 => {
             let addr = c.u32()?;
@@ -525,6 +507,25 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
         return Err("trailing bytes in record".into());
     }
     Ok(rec)
+}
+
+/// A release record, once its key and teardown link are valid.
+fn release_rec(
+    key: &[u8],
+    addr: u32,
+    released_at_ms: u64,
+    teardown: Option<Box<str>>,
+) -> Result<Record, String> {
+    if !key_is_valid(key) {
+        return Err("release record with a malformed key".into());
+    }
+    check_link(teardown.as_deref())?;
+    Ok(Record::Release(ReleaseRec {
+        key: key.into(),
+        addr,
+        released_at_ms,
+        teardown,
+    }))
 }
 
 fn check_link(l: Option<&str>) -> Result<(), String> {
