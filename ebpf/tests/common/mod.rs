@@ -29,8 +29,36 @@ pub const SKB_PRIORITY: usize = 32;
 pub const SKB_GSO_SEGS: usize = 164;
 pub const SKB_GSO_SIZE: usize = 176;
 
+/// A test run's `__sk_buff` with `priority` set.
+pub fn prio_ctx(priority: u32) -> [u8; SKB_SIZE] {
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_PRIORITY..SKB_PRIORITY + 4].copy_from_slice(&priority.to_ne_bytes());
+    ctx
+}
+
+/// A test run's `__sk_buff` describing a GSO packet of `segs` segments of `size` bytes.
+pub fn gso_ctx(segs: u32, size: u32) -> [u8; SKB_SIZE] {
+    let mut ctx = [0u8; SKB_SIZE];
+    ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&segs.to_ne_bytes());
+    ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&size.to_ne_bytes());
+    ctx
+}
+
+/// The priority (the HTB class) a program left in a test run's `__sk_buff`.
+pub fn prio_of(ctx: &[u8; SKB_SIZE]) -> u32 {
+    u32::from_ne_bytes(
+        ctx[SKB_PRIORITY..SKB_PRIORITY + 4]
+            .try_into()
+            .expect("4 bytes"),
+    )
+}
+
+/// 1 Mbit/s: one full frame takes 12.1 ms, so the model's steps are far above the time a
+/// test run takes, and the marking threshold is 2 frames (24.2 ms).
+pub const SLOW: u64 = 1_000_000;
+
 /// Loading programs needs root: without it the test fails with this message instead of
-/// passing without having run (true when it returns).
+/// passing without having run (true when it returns). [`Fixture::new`] checks it first.
 pub fn require_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -48,6 +76,7 @@ pub struct Fixture {
 impl Fixture {
     /// Loads the object with private maps, all programs, and the pod registered at SLOT.
     pub fn new() -> Self {
+        require_root();
         let mut ebpf = EbpfLoader::new()
             .load(datapath_object().unwrap_or_else(|e| panic!("{e}")))
             .expect("load datapath object");
@@ -135,8 +164,14 @@ impl Fixture {
         vq.get(&idx, 0).expect("vqueue")
     }
 
-    /// Runs `prog` once on `pkt`; returns the verdict and the packet as the program left it.
-    pub fn run_data(&self, prog: &str, pkt: &[u8], ctx: Option<&[u8; SKB_SIZE]>) -> (u32, Vec<u8>) {
+    /// Runs `prog` once on `pkt` (with `ctx` as its `__sk_buff`, zero if `None`); returns the
+    /// verdict, the packet as the program left it and the `__sk_buff` it left.
+    fn test_run(
+        &self,
+        prog: &str,
+        pkt: &[u8],
+        ctx: Option<&[u8; SKB_SIZE]>,
+    ) -> (u32, Vec<u8>, [u8; SKB_SIZE]) {
         let prog: &SchedClassifier = self
             .ebpf
             .program(prog)
@@ -156,7 +191,13 @@ impl Fixture {
             })
             .expect("BPF_PROG_TEST_RUN");
         out.truncate(res.data_size_out as usize);
-        (res.return_value, out)
+        (res.return_value, out, ctx_out)
+    }
+
+    /// Runs `prog` once on `pkt`; returns the verdict and the packet as the program left it.
+    pub fn run_data(&self, prog: &str, pkt: &[u8], ctx: Option<&[u8; SKB_SIZE]>) -> (u32, Vec<u8>) {
+        let (ret, out, _) = self.test_run(prog, pkt, ctx);
+        (ret, out)
     }
 
     pub fn prefix(&mut self, gen: u32, cidr: (Ipv4Addr, u32), class: u32) {
@@ -169,31 +210,23 @@ impl Fixture {
         .expect("insert prefix");
     }
 
+    /// Runs `prog` once on `pkt`; returns the verdict and the `__sk_buff` it left.
     pub fn run(
         &self,
         prog: &str,
         pkt: &[u8],
         ctx: Option<&[u8; SKB_SIZE]>,
     ) -> (u32, [u8; SKB_SIZE]) {
-        let prog: &SchedClassifier = self
-            .ebpf
-            .program(prog)
-            .expect("program")
-            .try_into()
-            .expect("classifier");
-        let mut out = vec![0u8; pkt.len() + 256];
-        let mut ctx_out = [0u8; SKB_SIZE];
-        let default_ctx = [0u8; SKB_SIZE];
-        let res = prog
-            .test_run(TestRunOptions {
-                data_in: Some(pkt),
-                data_out: Some(&mut out),
-                ctx_in: Some(ctx.unwrap_or(&default_ctx)),
-                ctx_out: Some(&mut ctx_out),
-                ..TestRunOptions::new()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        (res.return_value, ctx_out)
+        let (ret, _, ctx_out) = self.test_run(prog, pkt, ctx);
+        (ret, ctx_out)
+    }
+
+    /// Runs `prog` on each packet in turn, checking each one's verdict.
+    #[track_caller]
+    pub fn expect_verdicts(&self, prog: &str, cases: &[(&[u8], u32)]) {
+        for (i, &(pkt, want)) in cases.iter().enumerate() {
+            assert_eq!(self.run(prog, pkt, None).0, want, "{prog}: packet {i}");
+        }
     }
 
     pub fn counters(&mut self) -> abi::PodCounters {

@@ -1,0 +1,384 @@
+//! `BPF_PROG_TEST_RUN` tests of the shaping model: ECN marking above a shaped class's
+//! modelled queue, and flow isolation into the sparse and bulk leaves of a class.
+//!
+//! Needs root (loads BPF programs); touches no network state (see `common`).
+
+mod common;
+
+use std::net::Ipv4Addr;
+
+use aliasnet_ebpf::{abi, maps, programs};
+use aya::maps::Array;
+use common::*;
+
+use abi::{Class::*, Direction::*};
+
+// ---- ECN marking above a shaped class's modelled queue ---------------------------------
+
+const NOT_ECT: u8 = 0;
+const ECT1: u8 = 1;
+const ECT0: u8 = 2;
+const CE: u8 = 3;
+
+/// A full-size TCP frame (1514 bytes on the wire) with the given ECN codepoint.
+fn frame(src: Ipv4Addr, dst: Ipv4Addr, ecn: u8) -> Vec<u8> {
+    let p = Ip {
+        tos: 0x20 | ecn, // some DSCP, which marking must keep
+        ..tcp(src, dst, 1448)
+    }
+    .build();
+    assert_eq!(p.len(), 1514);
+    p
+}
+
+/// The ECN bits of a frame, checking that its IPv4 header checksum is still valid.
+fn ecn_of(pkt: &[u8]) -> u8 {
+    let h = &pkt[ETH_HLEN..ETH_HLEN + 20];
+    assert_eq!(csum(h), 0, "IPv4 header checksum broken");
+    assert_eq!(h[1] & 0xfc, 0x20, "DSCP changed");
+    h[1] & 3
+}
+
+/// Sends `n` frames back to back through `prog`; returns the ECN bits each left with.
+fn burst(f: &Fixture, prog: &str, pkt: &[u8], n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            let (ret, out) = f.run_data(prog, pkt, None);
+            assert_eq!(ret, TC_ACT_UNSPEC);
+            ecn_of(&out)
+        })
+        .collect()
+}
+
+#[test]
+fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let from_internet = ip("203.0.113.9");
+    let ect = frame(from_internet, POD_IP, ECT0);
+
+    // The class's HTB burst (4 frames at this rate) leaves at once: the model gives it as
+    // credit. After it, back to back at 1 Mbit/s each frame adds 12.1 ms to the modelled
+    // queue: the next three wait 0, 1 and 2 frames, never above the 24.2 ms (2 frames) mark.
+    let got = burst(&f, programs::HOST_EGRESS, &ect, 12);
+    assert_eq!(&got[..7], &[ECT0; 7], "marked below the threshold: {got:?}");
+    // From the eighth on the modelled wait is above 2 frames (less whatever time the test
+    // runs took, which is far below a frame).
+    assert_eq!(
+        &got[8..],
+        &[CE; 4],
+        "not marked above the threshold: {got:?}"
+    );
+    let marked = got.iter().filter(|&&e| e == CE).count() as u64;
+
+    // With the queue full: ECT(1) is marked as well, Not-ECT cannot be and passes as is,
+    // an already-CE packet stays CE and is not counted again.
+    let got = burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(from_internet, POD_IP, ECT1),
+        1,
+    );
+    assert_eq!(got, [CE]);
+    // Its sender is remote: a Not-ECT packet is never dropped here, only left as it is.
+    let got = burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(from_internet, POD_IP, NOT_ECT),
+        1,
+    );
+    assert_eq!(got, [NOT_ECT]);
+    let got = burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(from_internet, POD_IP, CE),
+        1,
+    );
+    assert_eq!(got, [CE]);
+
+    let vq = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert_eq!(vq.ce_marked, marked + 1);
+    // Marking does not change what is counted.
+    assert_eq!(
+        f.counters(),
+        expect(&[(Ingress, Internet, c(15, 15 * 1514))])
+    );
+    // The pod's egress direction has no ingress limit and no queue.
+    let got = burst(
+        &f,
+        programs::HOST_INGRESS,
+        &frame(POD_IP, from_internet, ECT0),
+        10,
+    );
+    assert_eq!(got, [ECT0; 10]);
+}
+
+#[test]
+fn the_queue_model_counts_in_the_devices_frames() {
+    // A pod on a jumbo-frame MTU: its credit, marking threshold and queue limit are in its
+    // own frames. With 1514-byte floors every jumbo frame would be over the threshold.
+    // (BPF_PROG_TEST_RUN takes at most a page per packet: a 3000-byte MTU stands for 9000.)
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| {
+        m.ingress_rate = SLOW;
+        m.frame = 3014;
+    });
+    let jumbo = Ip {
+        tos: 0x20 | ECT0,
+        ..tcp(ip("203.0.113.9"), POD_IP, 2948)
+    }
+    .build();
+    assert_eq!(jumbo.len(), 3014);
+    // Credit: four of the class's 1514-byte segments (6056 bytes, two of these frames); mark
+    // above two frames. Back to back the first four wait at most two frames, from the sixth
+    // on each waits longer.
+    let got = burst(&f, programs::HOST_EGRESS, &jumbo, 12);
+    assert_eq!(&got[..4], &[ECT0; 4], "marked below the threshold: {got:?}");
+    assert_eq!(&got[5..], &[CE; 7], "not marked above it: {got:?}");
+}
+
+#[test]
+fn a_gso_packet_is_queued_as_all_its_segments() {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let idx = abi::vq_index(SLOT, abi::VQ_INGRESS);
+    // A first frame puts the model in its steady state (the queue is not idle any more).
+    burst(
+        &f,
+        programs::HOST_EGRESS,
+        &frame(ip("203.0.113.9"), POD_IP, ECT0),
+        1,
+    );
+    let before = f.vqueue(idx).t_empty;
+    // One skb carrying 3 segments of 1000 bytes: 3 wire frames of 66 + 1000 bytes.
+    let gso = Ip {
+        tos: 0x20 | ECT0,
+        ..tcp(ip("203.0.113.9"), POD_IP, 3000)
+    }
+    .build();
+    f.run_data(programs::HOST_EGRESS, &gso, Some(&gso_ctx(3, 1000)));
+    // It occupies the class for the time of 3 * 1066 bytes at 1 Mbit/s, not of skb->len.
+    let added = f.vqueue(idx).t_empty - before;
+    assert_eq!(added, 3 * 1066 * 8 * 1_000_000_000 / SLOW);
+}
+
+#[test]
+fn no_marking_without_a_limit_or_with_ecn_off() {
+    let mut f = Fixture::with_policy();
+    let ect = frame(ip("203.0.113.9"), POD_IP, ECT0);
+    // No ingress limit: nothing is queued, nothing marked.
+    assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
+    // A limit, but marking switched off in an_config.flags: the model still runs (flow
+    // isolation needs it) but signals nothing.
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    f.update_config(|c| c.flags |= abi::CFG_AQM_OFF);
+    assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert!(q.t_empty > 0);
+    assert_eq!((q.ce_marked, q.dropped), (0, 0));
+    // Switched back on, the same traffic is marked.
+    f.update_config(|c| c.flags &= !abi::CFG_AQM_OFF);
+    assert!(burst(&f, programs::HOST_EGRESS, &ect, 10).contains(&CE));
+}
+
+#[test]
+fn pod_egress_marks_against_its_internet_and_total_limits() {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.internet_egress_rate = SLOW);
+    let internet = frame(POD_IP, ip("203.0.113.9"), ECT0);
+    let internal = frame(POD_IP, ip("10.1.2.3"), ECT0);
+    // Internal traffic is not limited (no total egress limit): never marked.
+    assert_eq!(burst(&f, programs::POD_EGRESS, &internal, 10), [ECT0; 10]);
+    // The pod side's FIFO leaf lets the class burst (4 frames at this rate) through at
+    // once: the model gives that much credit, so marking starts later than on the host side.
+    let got = burst(&f, programs::POD_EGRESS, &internet, 8);
+    assert_eq!(&got[..6], &[ECT0; 6], "{got:?}");
+    assert_eq!(got[7], CE, "{got:?}");
+    let internet_marks = got.iter().filter(|&&e| e == CE).count() as u64;
+    assert_eq!(
+        f.vqueue(abi::vq_index(SLOT, abi::VQ_INTERNET)).ce_marked,
+        internet_marks
+    );
+    assert_eq!(
+        f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)),
+        abi::VQueue::default()
+    );
+
+    // With the class congested, what cannot be marked goes to the leaf queue: a ping, a
+    // pure ACK, a Not-ECT UDP datagram, and a Not-ECT TCP data segment whose socket has
+    // nothing in flight (the socket a test run attaches is not a TCP socket). Only a local
+    // TCP sender with segments in flight is dropped, which the netns tests show.
+    let tcp_data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
+    let ping = Ip::new(POD_IP, ip("203.0.113.9")).build();
+    let ack = tcp(POD_IP, ip("203.0.113.9"), 0).build();
+    let udp = Ip {
+        proto: 17,
+        payload: vec![0x55; 1000],
+        ..Ip::new(POD_IP, ip("203.0.113.9"))
+    }
+    .build();
+    for pkt in [&ping, &ack, &udp, &tcp_data] {
+        assert_eq!(f.run_data(programs::POD_EGRESS, pkt, None).0, TC_ACT_UNSPEC);
+    }
+    assert_eq!(f.vqueue(abi::vq_index(SLOT, abi::VQ_INTERNET)).dropped, 0);
+
+    // A total egress limit queues internal traffic as well.
+    f.update_meta(|m| m.egress_rate = SLOW);
+    let got = burst(&f, programs::POD_EGRESS, &internal, 8);
+    assert_eq!(got[7], CE, "{got:?}");
+    assert!(f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)).ce_marked >= 1);
+    // Marking never changes the class the packet is shaped in (the flow is backlogged: bulk).
+    let (_, ctx_out) = f.run(programs::POD_EGRESS, &internet, Some(&prio_ctx(6)));
+    assert_eq!(
+        prio_of(&ctx_out),
+        abi::CLASSID_POD_INTERNET + abi::LEAF_BULK
+    );
+}
+
+#[test]
+fn uplink_marks_above_the_node_cap() {
+    let mut f = Fixture::with_policy();
+    f.update_config(|c| c.node_internet_cap = SLOW);
+    let got = burst(
+        &f,
+        programs::UPLINK,
+        &frame(POD_IP, ip("203.0.113.9"), ECT0),
+        8,
+    );
+    assert_eq!(&got[..3], &[ECT0; 3], "{got:?}");
+    assert_eq!(got[7], CE, "{got:?}");
+    // Traffic that is not the pods' internet traffic is not in the cap class.
+    let other = frame(ip("10.20.0.6"), ip("203.0.113.9"), ECT0);
+    assert_eq!(burst(&f, programs::UPLINK, &other, 10), [ECT0; 10]);
+    assert!(f.vqueue(abi::VQ_NODE_CAP).ce_marked >= 1);
+}
+
+// ---- flow isolation: sparse and bulk leaves of a shaped class ----------------------------
+
+const INGRESS_SPARSE: u32 = abi::CLASSID_POD_INGRESS + abi::LEAF_SPARSE;
+const INGRESS_BULK: u32 = abi::CLASSID_POD_INGRESS + abi::LEAF_BULK;
+
+/// The flow buckets of one shaped class.
+fn flows_of(f: &mut Fixture, vq_idx: u32) -> Vec<(u32, abi::Flow)> {
+    let m: Array<_, abi::Flow> = f.map(maps::FLOWS);
+    (vq_idx * abi::FLOW_BUCKETS..(vq_idx + 1) * abi::FLOW_BUCKETS)
+        .map(|k| (k, m.get(&k, 0).expect("flow bucket")))
+        .collect()
+}
+
+fn set_flows(f: &mut Fixture, vq_idx: u32, edit: impl Fn(&mut abi::Flow)) {
+    let flows = flows_of(f, vq_idx);
+    let mut m: Array<_, abi::Flow> = f.map(maps::FLOWS);
+    for (k, mut v) in flows {
+        edit(&mut v);
+        m.set(k, v, 0).expect("set flow bucket");
+    }
+}
+
+#[test]
+fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let idx = abi::vq_index(SLOT, abi::VQ_INGRESS);
+    let bulk = frame(ip("203.0.113.9"), POD_IP, NOT_ECT);
+    let ping = Ip::new(ip("203.0.113.10"), POD_IP).build();
+    let leaf = |f: &Fixture, pkt: &[u8]| {
+        let (ret, ctx) = f.run(programs::HOST_EGRESS, pkt, None);
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        prio_of(&ctx)
+    };
+
+    // A flow's first packets fit its budget of 2 full frames: a new connection starts in
+    // the sparse leaf, as in fq_codel. The third full frame back to back does not.
+    let got: Vec<u32> = (0..6).map(|_| leaf(&f, &bulk)).collect();
+    assert_eq!(
+        got,
+        [
+            INGRESS_SPARSE,
+            INGRESS_SPARSE,
+            INGRESS_BULK,
+            INGRESS_BULK,
+            INGRESS_BULK,
+            INGRESS_BULK
+        ]
+    );
+    // Another flow with nothing queued (a ping) is still sparse, again and again.
+    for _ in 0..5 {
+        assert_eq!(leaf(&f, &ping), INGRESS_SPARSE);
+    }
+    // Every packet, sparse or bulk, takes its share of the class's rate in the model.
+    let t_empty = f.vqueue(idx).t_empty;
+    assert!(t_empty > 0);
+
+    // Refill every bucket's budget, but keep the bulk flow's queued packets: it stays in
+    // the bulk leaf, since a sparse packet would overtake them (reordering).
+    set_flows(&mut f, idx, |v| v.t_sparse = 0);
+    assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
+    // Once its packets have left the bulk leaf (the model says when), it may be sparse again.
+    set_flows(&mut f, idx, |v| {
+        v.t_sparse = 0;
+        v.t_bulk = 0;
+    });
+    assert_eq!(leaf(&f, &bulk), INGRESS_SPARSE);
+
+    // A GSO skb larger than the budget (3 segments of 1066 bytes on the wire) is bulk.
+    set_flows(&mut f, idx, |v| *v = abi::Flow::default());
+    let gso = tcp(ip("203.0.113.9"), POD_IP, 3000).build();
+    let (_, out) = f.run(programs::HOST_EGRESS, &gso, Some(&gso_ctx(3, 1000)));
+    assert_eq!(prio_of(&out), INGRESS_BULK);
+
+    // Flow isolation switched off: everything goes to the bulk leaf.
+    f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
+    set_flows(&mut f, idx, |v| *v = abi::Flow::default());
+    assert_eq!(leaf(&f, &ping), INGRESS_BULK);
+    assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
+    // Without an ingress limit the program leaves the priority alone (no HTB to pick in).
+    f.update_config(|c| c.flags &= !abi::CFG_FLOWS_OFF);
+    f.update_meta(|m| m.ingress_rate = 0);
+    assert_eq!(leaf(&f, &ping), 0);
+}
+
+#[test]
+fn every_shaping_point_picks_a_leaf_of_its_class() {
+    let mut f = Fixture::with_policy();
+    let prio = |f: &Fixture, prog: &str, pkt: &[u8]| prio_of(&f.run(prog, pkt, None).1);
+    let internet_ping = Ip::new(POD_IP, ip("203.0.113.1")).build();
+    let internal_ping = Ip::new(POD_IP, ip("10.1.1.1")).build();
+
+    // Pod eth0, internet limit only: internet pings are sparse in 1:10; internal traffic
+    // names 1:20's bulk leaf, which does not exist, so HTB sends it unshaped.
+    f.update_meta(|m| m.internet_egress_rate = SLOW);
+    assert_eq!(
+        prio(&f, programs::POD_EGRESS, &internet_ping),
+        abi::CLASSID_POD_INTERNET + abi::LEAF_SPARSE
+    );
+    assert_eq!(
+        prio(&f, programs::POD_EGRESS, &internal_ping),
+        abi::CLASSID_POD_OTHER + abi::LEAF_BULK
+    );
+    // A burst of one internet flow moves to the bulk leaf.
+    let data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
+    let got: Vec<u32> = (0..4)
+        .map(|_| prio(&f, programs::POD_EGRESS, &data))
+        .collect();
+    assert_eq!(
+        got[3],
+        abi::CLASSID_POD_INTERNET + abi::LEAF_BULK,
+        "{got:x?}"
+    );
+    // With a total egress limit, internal traffic is shaped in 1:20 and isolated too.
+    f.update_meta(|m| m.egress_rate = SLOW);
+    assert_eq!(
+        prio(&f, programs::POD_EGRESS, &internal_ping),
+        abi::CLASSID_POD_OTHER + abi::LEAF_SPARSE
+    );
+
+    // The uplink's node cap class.
+    f.update_config(|c| c.node_internet_cap = SLOW);
+    assert_eq!(
+        prio(&f, programs::UPLINK, &internet_ping),
+        abi::CLASSID_NODE_CAP + abi::LEAF_SPARSE
+    );
+    let got: Vec<u32> = (0..4).map(|_| prio(&f, programs::UPLINK, &data)).collect();
+    assert_eq!(got[3], abi::CLASSID_NODE_CAP + abi::LEAF_BULK, "{got:x?}");
+}

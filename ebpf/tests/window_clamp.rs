@@ -1,0 +1,402 @@
+//! `BPF_PROG_TEST_RUN` tests of TCP receive-window clamping and MSS lowering for pods
+//! with an ingress limit and for the node's internet cap.
+//!
+//! Needs root (loads BPF programs); touches no network state (see `common`).
+
+mod common;
+
+use aliasnet_ebpf::{abi, maps, programs};
+use aya::maps::HashMap;
+use common::*;
+
+// ---- receive-window clamping for pods with an ingress limit ------------------------------
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+const POD_PORT: u16 = 40000;
+const REMOTE_PORT: u16 = 443;
+
+/// A TCP segment with a valid checksum. `ws`: a window-scale option (after MSS, SACK
+/// permitted, timestamps and a NOP, as Linux orders them in a SYN).
+fn tcp_seg(from_pod: bool, flags: u8, window: u16, ws: Option<u8>) -> Vec<u8> {
+    tcp_seg_mss(from_pod, flags, window, ws, 1460)
+}
+
+/// `tcp_seg` with the MSS option (SYNs only) set to `mss`.
+fn tcp_seg_mss(from_pod: bool, flags: u8, window: u16, ws: Option<u8>, mss: u16) -> Vec<u8> {
+    let (src, dst, sport, dport) = if from_pod {
+        (POD_IP, ip("203.0.113.9"), POD_PORT, REMOTE_PORT)
+    } else {
+        (ip("203.0.113.9"), POD_IP, REMOTE_PORT, POD_PORT)
+    };
+    let mut opts = Vec::new();
+    if flags & SYN != 0 {
+        let m = mss.to_be_bytes();
+        opts.extend_from_slice(&[2, 4, m[0], m[1], 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0]);
+        if let Some(s) = ws {
+            opts.extend_from_slice(&[1, 3, 3, s]);
+        } else {
+            opts.extend_from_slice(&[1, 1, 1, 1]);
+        }
+    } else {
+        opts.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 2, 0, 0, 0, 1]);
+    }
+    let mut seg = vec![0u8; 20];
+    seg[0..2].copy_from_slice(&sport.to_be_bytes());
+    seg[2..4].copy_from_slice(&dport.to_be_bytes());
+    seg[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    seg[8..12].copy_from_slice(&2000u32.to_be_bytes());
+    seg[12] = (((20 + opts.len()) / 4) << 4) as u8;
+    seg[13] = flags;
+    seg[14..16].copy_from_slice(&window.to_be_bytes());
+    seg.extend(opts);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&src.octets());
+    pseudo.extend_from_slice(&dst.octets());
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+    pseudo.extend_from_slice(&seg);
+    let c = csum(&pseudo);
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    Ip {
+        proto: 6,
+        payload: seg,
+        ..Ip::new(src, dst)
+    }
+    .build()
+}
+
+/// The TCP window of a frame built by `tcp_seg`, checking its TCP checksum.
+fn window_of(pkt: &[u8]) -> u16 {
+    let ip = &pkt[ETH_HLEN..];
+    let seg = &ip[20..];
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&ip[12..20]);
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+    pseudo.extend_from_slice(seg);
+    assert_eq!(csum(&pseudo), 0, "TCP checksum broken");
+    u16::from_be_bytes([seg[14], seg[15]])
+}
+
+fn set_pod_flags(f: &mut Fixture, flags: u32) {
+    let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
+    pods.insert(
+        TEST_IFINDEX,
+        abi::Pod {
+            slot: SLOT,
+            flags,
+            ipv4: POD_IP.octets(),
+            ..Default::default()
+        },
+        0,
+    )
+    .expect("register pod");
+}
+
+fn conn(f: &mut Fixture) -> Option<abi::Conn> {
+    let m: HashMap<_, abi::ConnKey, abi::Conn> = f.map(maps::CONNS);
+    m.get(
+        &abi::ConnKey {
+            pod_addr: POD_IP.octets(),
+            remote_addr: ip("203.0.113.9").octets(),
+            pod_port: POD_PORT.to_be_bytes(),
+            remote_port: REMOTE_PORT.to_be_bytes(),
+        },
+        0,
+    )
+    .ok()
+}
+
+/// The window field the clamp writes for a connection: rate x RTT + 16 ms of the rate (at
+/// least `WND_MIN_FRAMES` of the pod's frames), shared by `flows` (at least
+/// `WND_MIN_FLOW_FRAMES` frames each), in units of the pod's window scale, rounded up.
+fn clamped_with(rate: u64, c: &abi::Conn, flows: u64, frame: u64) -> u16 {
+    let cap = (rate / 8 * (u64::from(c.rtt_ns) / 1000) / 1_000_000
+        + rate / 8 * abi::WND_QUEUE_NS / 1_000_000_000)
+        .max(abi::WND_MIN_FRAMES * frame);
+    let cap = (cap / flows).max(abi::WND_MIN_FLOW_FRAMES * frame);
+    cap.div_ceil(1 << c.wscale) as u16
+}
+
+fn clamped_among(rate: u64, c: &abi::Conn, flows: u64) -> u16 {
+    clamped_with(rate, c, flows, abi::MIN_FRAME)
+}
+
+fn clamped(rate: u64, c: &abi::Conn) -> u16 {
+    clamped_among(rate, c, 1)
+}
+
+/// `pkt` from the pod through its host veth (the host-side ingress program), which passes
+/// it; the packet as the program left it.
+#[track_caller]
+fn host_in(f: &Fixture, pkt: &[u8]) -> Vec<u8> {
+    let (ret, out) = f.run_data(programs::HOST_INGRESS, pkt, None);
+    assert_eq!(ret, TC_ACT_UNSPEC);
+    out
+}
+
+/// `pkt` to the pod through its host veth (the host-side egress program), which passes it;
+/// the packet as the program left it.
+#[track_caller]
+fn host_out(f: &Fixture, pkt: &[u8]) -> Vec<u8> {
+    let (ret, out) = f.run_data(programs::HOST_EGRESS, pkt, None);
+    assert_eq!(ret, TC_ACT_UNSPEC);
+    out
+}
+
+/// The pod's SYN (window scale `pod_ws`) out and the server's SYN-ACK (`remote_ws`) back.
+fn pod_connects(f: &Fixture, pod_ws: Option<u8>, remote_ws: Option<u8>) {
+    host_in(f, &tcp_seg(true, SYN, 64240, pod_ws));
+    host_out(f, &tcp_seg(false, SYN | ACK, 65160, remote_ws));
+}
+
+/// The fixture with the pod's ingress limit at `rate`, flagged as attach flags it.
+fn clamping_fixture(rate: u64) -> Fixture {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = rate);
+    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
+    f
+}
+
+#[test]
+fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_queue() {
+    let rate = 10_000_000;
+    let mut f = clamping_fixture(rate);
+
+    // The pod connects (window scale 7) and the server agrees (it sends the option too).
+    let syn = tcp_seg(true, SYN, 64240, Some(7));
+    assert_eq!(
+        window_of(&host_in(&f, &syn)),
+        64240,
+        "a SYN is never clamped"
+    );
+    let c = conn(&mut f).expect("the SYN was learnt");
+    assert_eq!((c.state, c.wscale), (abi::CONN_SYN_SENT, 7));
+    // Before the handshake completes nothing is clamped.
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        65535
+    );
+    host_out(&f, &tcp_seg(false, SYN | ACK, 65160, Some(9)));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!((c.state, c.wscale), (abi::CONN_ESTABLISHED, 7));
+    // 65535 << 7 = 8 MiB advertised: clamped to ~20 kB (10 Mbit/s x (RTT + 16 ms)).
+    let want = clamped(rate, &c);
+    assert!((150..=170).contains(&want), "{want}");
+    let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
+    assert_eq!(window_of(&out), want);
+    // A smaller window passes as it is: the clamp only lowers.
+    assert_eq!(window_of(&host_in(&f, &tcp_seg(true, ACK, 100, None))), 100);
+    // Segments to the pod are never changed.
+    let to_pod = tcp_seg(false, ACK, 65535, None);
+    assert_eq!(window_of(&host_out(&f, &to_pod)), 65535);
+
+    // Switched off in an_config.flags: not clamped.
+    f.update_config(|c| c.flags |= abi::CFG_CLAMP_OFF);
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        65535
+    );
+    f.update_config(|c| c.flags &= !abi::CFG_CLAMP_OFF);
+
+    // The server did not agree to scaling: the pod's windows are plain bytes.
+    pod_connects(&f, Some(7), None);
+    let c = conn(&mut f).expect("conn");
+    assert_eq!((c.state, c.wscale), (abi::CONN_ESTABLISHED, 0));
+    let want = clamped(rate, &c);
+    assert!((19_000..=21_000).contains(&want), "{want}");
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        want
+    );
+
+    // The pod is the server: its SYN-ACK carries the agreed scale, the next ACK ends the
+    // handshake.
+    host_out(&f, &tcp_seg(false, SYN, 65160, Some(7)));
+    host_in(&f, &tcp_seg(true, SYN | ACK, 65160, Some(9)));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!((c.state, c.wscale), (abi::CONN_SYNACK_SENT, 9));
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        65535
+    );
+    host_out(&f, &tcp_seg(false, ACK, 502, None));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!(c.state, abi::CONN_ESTABLISHED);
+    assert_eq!(
+        window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
+        clamped(rate, &c)
+    );
+}
+
+#[test]
+fn the_node_cap_clamps_the_remote_windows_of_the_pods_internet_connections() {
+    // No ingress limit: only the node's internet cap, whose senders are the pods.
+    let rate = 10_000_000;
+    let mut f = Fixture::with_policy();
+    f.update_config(|c| {
+        c.node_internet_cap = rate;
+        c.uplink_frame = 1514;
+    });
+    // The pod connects (scale 7); the server answers with scale 9.
+    pod_connects(&f, Some(7), Some(9));
+    let c = conn(&mut f).expect("learnt for the node cap");
+    assert_eq!(
+        (c.state, c.wscale, c.remote_wscale),
+        (abi::CONN_ESTABLISHED, 7, 9)
+    );
+    // The server's windows to the pod are capped at the cap's rate x (RTT + 16 ms), in its
+    // own scale; the pod's windows are not touched (no ingress limit).
+    let to_pod = |f: &Fixture, win: u16| window_of(&host_out(f, &tcp_seg(false, ACK, win, None)));
+    let want = {
+        let remote = abi::Conn {
+            wscale: c.remote_wscale,
+            ..c
+        };
+        clamped_with(rate, &remote, 1, 1514)
+    };
+    assert!(want < 65535 && want > 0, "{want}");
+    assert_eq!(to_pod(&f, 65535), want);
+    assert_eq!(to_pod(&f, 1), 1, "only lowered");
+    let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
+    assert_eq!(window_of(&out), 65535, "the pod's own windows stay");
+
+    // The pod as the server: the remote's scale comes from its SYN.
+    host_out(&f, &tcp_seg(false, SYN, 64240, Some(5)));
+    host_in(&f, &tcp_seg(true, SYN | ACK, 65160, Some(7)));
+    host_out(&f, &tcp_seg(false, ACK, 502, None));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!(
+        (c.state, c.wscale, c.remote_wscale),
+        (abi::CONN_ESTABLISHED, 7, 5)
+    );
+
+    // Without a cap nothing is clamped.
+    f.update_config(|c| c.node_internet_cap = 0);
+    assert_eq!(to_pod(&f, 65535), 65535);
+}
+
+/// The MSS option of a SYN (checking the TCP checksum).
+fn mss_of(pkt: &[u8]) -> u16 {
+    window_of(pkt);
+    let tcp = &pkt[ETH_HLEN + 20..];
+    assert_eq!(&tcp[20..22], &[2, 4], "MSS option first");
+    u16::from_be_bytes([tcp[22], tcp[23]])
+}
+
+#[test]
+fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
+    // A pod with a 10 Mbit/s ingress limit on a 9000-byte MTU: its SYN's MSS (8960) becomes
+    // a 1500-byte network's, so senders into its class use 1514-byte frames.
+    let mut f = clamping_fixture(10_000_000);
+    f.update_meta(|m| m.frame = 9014);
+    let out = host_in(&f, &tcp_seg_mss(true, SYN, 64240, Some(7), 8960));
+    assert_eq!(mss_of(&out), 1460);
+    // The window clamp's floor is then in those frames too: 2 x 1514 per flow, not 2 x 9014.
+    host_out(&f, &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), 1460));
+    let c = conn(&mut f).expect("conn");
+    let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
+    assert_eq!(window_of(&out), clamped_with(10_000_000, &c, 1, 1514));
+    // From ~72 Mbit/s a jumbo segment takes under 1 ms: the pod's MSS passes as it is. A
+    // smaller MSS is never raised.
+    f.update_meta(|m| m.ingress_rate = 100_000_000);
+    let out = host_in(&f, &tcp_seg_mss(true, SYN, 64240, Some(7), 8960));
+    assert_eq!(mss_of(&out), 8960);
+    f.update_meta(|m| m.ingress_rate = 10_000_000);
+    let out = host_in(&f, &tcp_seg_mss(true, SYN, 64240, Some(7), 1200));
+    assert_eq!(mss_of(&out), 1200);
+
+    // A pod with only an egress limit: the remote's MSS in its SYN-ACK bounds what the pod's
+    // own TCP sends into its egress class; no connection is tracked for it.
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| {
+        m.egress_rate = 10_000_000;
+        m.frame = 9014;
+    });
+    assert_eq!(remote_mss_after_handshake(&f, 8960), 1460);
+    assert!(conn(&mut f).is_none(), "nothing to clamp: not tracked");
+
+    // The node cap: the remote's MSS in its SYN-ACK to a pod bounds what the pod sends.
+    let mut f = Fixture::with_policy();
+    f.update_config(|c| {
+        c.node_internet_cap = 10_000_000;
+        c.uplink_frame = 9014;
+    });
+    assert_eq!(remote_mss_after_handshake(&f, 8960), 1460);
+}
+
+/// The pod connects (MSS 8960); returns the MSS of the server's SYN-ACK (`mss`) as it
+/// reaches the pod.
+fn remote_mss_after_handshake(f: &Fixture, mss: u16) -> u16 {
+    host_in(f, &tcp_seg_mss(true, SYN, 64240, Some(7), 8960));
+    let out = host_out(f, &tcp_seg_mss(false, SYN | ACK, 65160, Some(7), mss));
+    mss_of(&out)
+}
+
+#[test]
+fn pods_without_an_ingress_limit_keep_their_windows() {
+    let mut f = Fixture::with_policy();
+    // A limit in the record but not the pod's flag (what attach sets from that limit): the
+    // connection is not even learnt.
+    f.update_meta(|m| m.ingress_rate = 10_000_000);
+    pod_connects(&f, Some(7), Some(7));
+    assert!(conn(&mut f).is_none());
+    let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
+    assert_eq!(window_of(&out), 65535);
+}
+
+#[test]
+fn the_window_clamp_is_shared_by_the_flows_queued_in_the_class() {
+    let rate = 10_000_000;
+    let mut f = clamping_fixture(rate);
+    pod_connects(&f, Some(7), Some(7));
+    let c = conn(&mut f).expect("established");
+    // Data for the connection: it now counts as one flow of the class.
+    let mut data = tcp(ip("203.0.113.9"), POD_IP, 1448);
+    data.payload[0..2].copy_from_slice(&REMOTE_PORT.to_be_bytes());
+    data.payload[2..4].copy_from_slice(&POD_PORT.to_be_bytes());
+    host_out(&f, &data.build());
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert_eq!(q.flows_cur.count_ones(), 1, "{q:?}");
+    let ack = tcp_seg(true, ACK, 65535, None);
+    let out = host_in(&f, &ack);
+    assert_eq!(window_of(&out), clamped(rate, &c));
+
+    // Three more downloads into the pod (other remote ports) queue bulk data.
+    for port in [444u16, 445, 446] {
+        let mut seg = tcp(ip("203.0.113.9"), POD_IP, 1448);
+        seg.payload[0..2].copy_from_slice(&port.to_be_bytes());
+        let pkt = seg.build();
+        for _ in 0..3 {
+            host_out(&f, &pkt);
+        }
+    }
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let flows = u64::from((q.flows_cur | q.flows_prev).count_ones());
+    // Four flows in 64 buckets; these four hash apart.
+    assert_eq!(flows, 4, "{q:?}");
+    let out = host_in(&f, &ack);
+    assert_eq!(window_of(&out), clamped_among(rate, &c, flows));
+    assert!(clamped_among(rate, &c, flows) < clamped(rate, &c) / 3);
+}
+
+#[test]
+fn the_window_clamp_floor_is_in_the_classs_segments() {
+    // 1 Mbit/s on a 9000-byte MTU: rate x (RTT + 16 ms) is 2 kB, below one segment; the
+    // floor is WND_MIN_FRAMES of the segments the class asks for (1514-byte frames here, see
+    // the MSS test), not of the device's 9014-byte frames, which would overflow its queue.
+    let rate = SLOW;
+    let mut f = clamping_fixture(rate);
+    f.update_meta(|m| m.frame = 9014);
+    pod_connects(&f, Some(7), Some(7));
+    let c = conn(&mut f).expect("conn");
+    assert_eq!(c.state, abi::CONN_ESTABLISHED);
+    let want = clamped_with(rate, &c, 1, 1514);
+    assert_eq!(
+        u64::from(want) << c.wscale,
+        (abi::WND_MIN_FRAMES * 1514).next_multiple_of(1 << c.wscale)
+    );
+    let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
+    assert_eq!(window_of(&out), want);
+}
