@@ -298,15 +298,29 @@ impl Node {
     /// ADD a pod that may legitimately fail (a full pool): `Err` carries the pod's netns and
     /// the failed outcome, after a DEL that undoes whatever the failed ADD may have left.
     pub fn try_add_pod(&self, name: &str) -> std::result::Result<Pod, (Netns, Outcome)> {
+        let conf = self.plugin_config(None, None);
+        self.add_pod_conf(name, &conf).map_err(|(ns, out)| {
+            let cid = format!("cid-{}-{name}", self.tag);
+            let del = Invocation::new("DEL", &cid, Some(&ns.path()), "eth0")
+                .args(&Self::k8s_args(name, &cid));
+            let _ = self.cni(&del, &conf);
+            (ns, out)
+        })
+    }
+
+    /// ADD a pod with the plugin config `conf`. `Err` carries the pod's netns and the failed
+    /// outcome, with nothing undone: what a failed ADD leaves is the caller's to check.
+    pub fn add_pod_conf(
+        &self,
+        name: &str,
+        conf: &Value,
+    ) -> std::result::Result<Pod, (Netns, Outcome)> {
         let ns = Netns::new(&format!("an{}-n{}-{name}", self.tag, self.index)).expect("pod netns");
         let cid = format!("cid-{}-{name}", self.tag);
         let inv = Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
             .args(&Self::k8s_args(name, &cid));
-        let out = self.cni(&inv, &self.plugin_config(None, None));
+        let out = self.cni(&inv, conf);
         if !out.ok() {
-            let del = Invocation::new("DEL", &cid, Some(&ns.path()), "eth0")
-                .args(&Self::k8s_args(name, &cid));
-            let _ = self.cni(&del, &self.plugin_config(None, None));
             return Err((ns, out));
         }
         let result = out.json().expect("ADD result");

@@ -8,6 +8,7 @@
 //!   real plugin).
 //! - [`single`]: one node with a hand-wired pod, an internet host and an internal peer, and a
 //!   private bpffs ([`bpffs`]): the datapath tests and the shaping benchmarks.
+//! - [`datapath`]: a node's pinned datapath as the tests read it (records, attachments).
 //! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;
 //!   [`traffic`]: iperf3 and ping; [`ctl`]: aliasnetctl; [`metrics`]: `/metrics`, promtool and Prometheus.
 //!
@@ -32,6 +33,7 @@
 pub mod bpffs;
 pub mod cni;
 pub mod ctl;
+pub mod datapath;
 pub mod fabric;
 pub mod ipamd;
 pub mod metrics;

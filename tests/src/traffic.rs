@@ -1,12 +1,15 @@
 //! Traffic between namespaces: one-shot iperf3 servers and ping summaries.
 
 use std::{
+    net::Ipv4Addr,
     process::{Child, Command, Output, Stdio},
     sync::atomic::{AtomicU16, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
+
+use crate::netns::Netns;
 
 /// A command run in the named namespace through `ip netns exec` (which also gives it the
 /// namespace's /sys; bpffs is not needed there).
@@ -74,6 +77,22 @@ pub fn iperf_report(out: &Output) -> Result<serde_json::Value> {
         bail!("iperf3: {e}");
     }
     Ok(v)
+}
+
+/// `count` pings of `size` data bytes from namespace `ns` to `dst` (`extra` before the
+/// destination); returns how many were answered, panicking without a summary.
+pub fn ping_received(ns: &Netns, dst: Ipv4Addr, count: u32, size: u32, extra: &[&str]) -> u32 {
+    let (c, s) = (count.to_string(), size.to_string());
+    let dst = dst.to_string();
+    let mut args = vec!["-c", &c, "-s", &s, "-i", "0.05", "-W", "2", "-q"];
+    args.extend_from_slice(extra);
+    args.push(&dst);
+    let out = ns.exec_status("ping", &args).expect("run ping");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split(',')
+        .find_map(|p| p.trim().strip_suffix(" received").map(str::to_owned))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ping summary in {text:?}"))
 }
 
 /// What one `ping -q` run reports.
