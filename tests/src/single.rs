@@ -421,7 +421,8 @@ impl SingleNode {
 
     /// iperf3 from `sender` to a server in `receiver` on `dst` (client bound to `bind`),
     /// with congestion control `cc`, and `ping`s from the pod to `ping_dst` every 0.1 s
-    /// meanwhile; returns the client's JSON report and the ping output.
+    /// meanwhile (from 1 s in until 2 s before the end); returns the client's JSON report
+    /// and the ping output.
     #[allow(
         clippy::too_many_arguments,
         reason = "a test helper mirroring iperf3's options"
@@ -436,32 +437,70 @@ impl SingleNode {
         cc: Option<&str>,
         ping_dst: &str,
     ) -> (serde_json::Value, String) {
-        let server = IperfServer::start(&self.ns(receiver), dst).expect("iperf3 server");
-        let ping_ns = self.ns("pod");
-        let ping_dst = ping_dst.to_owned();
-        let w = secs.saturating_sub(2).max(1).to_string();
-        let ping = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(1));
-            netns_exec(
-                &ping_ns,
-                &["ping", "-n", "-q", "-i", "0.1", "-w", &w, &ping_dst],
-            )
-            .output()
-            .expect("ping")
+        let opts = IperfOpts {
+            bind,
+            cc,
+            streams: 1,
+            ping: Some(PingDuring {
+                dst: ping_dst,
+                delay: Duration::from_secs(1),
+                margin: 2,
+            }),
+        };
+        let (v, ping) = self
+            .iperf_run(sender, receiver, dst, secs, &opts)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        (v, ping.unwrap_or_default())
+    }
+
+    /// A `secs` iperf3 run from `sender` to a server in `receiver` on `dst`, with the pod's
+    /// pings of `o.ping` meanwhile; returns the client's JSON report and the ping output.
+    pub fn iperf_run(
+        &self,
+        sender: &str,
+        receiver: &str,
+        dst: &str,
+        secs: u32,
+        o: &IperfOpts,
+    ) -> Result<(serde_json::Value, Option<String>)> {
+        let server = IperfServer::start(&self.ns(receiver), dst)?;
+        let ping = o.ping.map(|p| {
+            let ping_ns = self.ns("pod");
+            let ping_dst = p.dst.to_owned();
+            let w = secs.saturating_sub(p.margin).max(1).to_string();
+            std::thread::spawn(move || {
+                std::thread::sleep(p.delay);
+                netns_exec(
+                    &ping_ns,
+                    &["ping", "-n", "-q", "-i", "0.1", "-w", &w, &ping_dst],
+                )
+                .output()
+            })
         });
         let (port, t) = (server.port.to_string(), secs.to_string());
         let mut args = vec!["iperf3", "-J", "-c", dst, "-p", &port, "-t", &t];
-        if let Some(b) = bind {
+        if let Some(b) = o.bind {
             args.extend(["-B", b]);
         }
-        if let Some(c) = cc {
+        if let Some(c) = o.cc {
             args.extend(["-C", c]);
         }
-        let out = self.try_exec(sender, &args);
+        let streams = o.streams.to_string();
+        if o.streams > 1 {
+            args.extend(["-P", &streams]);
+        }
+        let out = netns_exec(&self.ns(sender), &args)
+            .output()
+            .context("iperf3 client")?;
         drop(server);
-        let ping = ping.join().expect("ping thread");
-        let v = iperf_report(&out).unwrap_or_else(|e| panic!("{e:#}"));
-        (v, String::from_utf8_lossy(&ping.stdout).into_owned())
+        let ping = match ping {
+            Some(h) => {
+                let out = h.join().map_err(|_| anyhow!("ping thread"))??;
+                Some(String::from_utf8_lossy(&out.stdout).into_owned())
+            }
+            None => None,
+        };
+        Ok((iperf_report(&out)?, ping))
     }
 
     /// `tc -s -j WHAT show dev DEV` in `role`, parsed.
@@ -511,4 +550,25 @@ impl Drop for SingleNode {
         let _ = std::fs::remove_file(&self.shaperd_log);
         let _ = std::fs::remove_file(self.bpffs.path().with_extension("toml"));
     }
+}
+
+/// Pings from the pod during an iperf3 run: every 0.1 s to `dst`, starting `delay` after
+/// the run, for the run's length less `margin` seconds (at least 1 s).
+#[derive(Debug, Clone, Copy)]
+pub struct PingDuring<'a> {
+    pub dst: &'a str,
+    pub delay: Duration,
+    pub margin: u32,
+}
+
+/// Options of [`SingleNode::iperf_run`].
+#[derive(Debug, Clone, Copy)]
+pub struct IperfOpts<'a> {
+    /// The client's source address (`-B`).
+    pub bind: Option<&'a str>,
+    /// Congestion control (`-C`).
+    pub cc: Option<&'a str>,
+    /// Parallel streams (`-P` when above 1).
+    pub streams: u32,
+    pub ping: Option<PingDuring<'a>>,
 }

@@ -14,8 +14,8 @@ use aliasnet_netns::NetNs;
 use aliasnet_shaper::Policy;
 use aliasnet_tests::{
     cni::{invoke, Invocation},
-    single::{Links, SingleNode},
-    traffic::{iperf_report, netns_exec, parse_ping, IperfServer, Ping},
+    single::{IperfOpts, Links, PingDuring, SingleNode},
+    traffic::{netns_exec, parse_ping, Ping},
 };
 use anyhow::{anyhow, bail, Context, Result};
 use aya::maps::{Array, Map, MapData};
@@ -299,44 +299,22 @@ impl Bench {
         cc: Option<&str>,
         ping_dst: Option<&str>,
     ) -> Result<Iperf> {
-        let server = IperfServer::start(&self.net.ns(receiver), dst)?;
-        let ping = ping_dst.map(|d| {
-            let ns = self.net.ns("pod");
-            let d = d.to_owned();
-            let w = secs.saturating_sub(3).max(1).to_string();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(1500));
-                netns_exec(&ns, &["ping", "-n", "-q", "-i", "0.1", "-w", &w, &d]).output()
-            })
-        });
-        let port = server.port.to_string();
-        let t = secs.to_string();
-        let mut args = vec!["iperf3", "-J", "-c", dst, "-p", &port, "-t", &t];
-        if let Some(b) = bind {
-            args.extend(["-B", b]);
-        }
-        if let Some(c) = cc {
-            args.extend(["-C", c]);
-        }
-        let streams = self.streams.to_string();
-        if self.streams > 1 {
-            args.extend(["-P", &streams]);
-        }
+        let opts = IperfOpts {
+            bind,
+            cc,
+            streams: self.streams,
+            ping: ping_dst.map(|dst| PingDuring {
+                dst,
+                delay: Duration::from_millis(1500),
+                margin: 3,
+            }),
+        };
         // Segments sent come from the sender's kernel: the handshake's MSS can be lowered
         // (a slow class on a jumbo-frame device), so bytes / MSS would not do.
         let segs_before = self.out_segs(sender)?;
-        let out = netns_exec(&self.net.ns(sender), &args)
-            .output()
-            .context("iperf3 client")?;
+        let (v, ping) = self.net.iperf_run(sender, receiver, dst, secs, &opts)?;
         let segments = (self.out_segs(sender)? - segs_before) as f64;
-        drop(server);
-        let ping = match ping {
-            Some(h) => Some(parse_ping(
-                &h.join().map_err(|_| anyhow!("ping thread"))??.stdout,
-            )),
-            None => None,
-        };
-        let v = iperf_report(&out)?;
+        let ping = ping.map(|p| parse_ping(p.as_bytes()));
         let end = &v["end"];
         Ok(Iperf {
             mbps: end["sum_received"]["bits_per_second"]
