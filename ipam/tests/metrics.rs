@@ -4,8 +4,6 @@
 mod common;
 
 use std::{
-    io::Write,
-    process::{Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -243,24 +241,9 @@ async fn promtool_accepts_the_exposition() {
     );
     let text = scrape(d.metrics_address().unwrap());
     d.shutdown().await;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n--- exposition ---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (code, out) = aliasnet_tests::metrics::promtool_check_metrics(&text);
+    assert_eq!(
+        code, 0,
+        "promtool check metrics failed:\n{out}\n--- exposition ---\n{text}"
     );
 }
