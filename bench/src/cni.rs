@@ -72,7 +72,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    // Nearest rank, as ../shared/tools/cni_bench.py computes it.
+    // Nearest-rank percentile.
     let k = ((p / 100.0 * sorted.len() as f64 + 0.5).round() as isize - 1)
         .clamp(0, sorted.len() as isize - 1) as usize;
     sorted[k]
@@ -288,7 +288,7 @@ pub fn run(args: Args) -> Result<()> {
     ours["name"] = json!("bench-aliasnet");
     let mut ours_sync = ours.clone();
     ours_sync["plugins"][0]["asyncTeardown"] = json!(false);
-    // The foundation alone (issue 2's comparison with ptp+host-local, which has no datapath):
+    // The plugin's own work alone, what ptp+host-local do (they have no datapath):
     // the same plugin with the eBPF datapath switched off.
     let mut ours_plain = ours.clone();
     ours_plain["plugins"][0]["datapath"] = json!("off");
