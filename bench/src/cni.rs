@@ -20,7 +20,7 @@ use std::{
 };
 
 use aliasnet_tests::{
-    cni::{invoke, plugin_config, Invocation},
+    cni::{invoke, plugin_config, Invocation, Outcome},
     fabric::{Fabric, FabricOpts},
     netns::Netns,
 };
@@ -87,21 +87,32 @@ fn k8s_args(pod: &str, cid: &str) -> String {
     format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid};K8S_POD_UID=uid-{pod}")
 }
 
+/// One plugin of the chain (`i`) called with `op` for `pod`, with `prev` as its prevResult.
+fn invoke_plugin(
+    chain: &Chain,
+    op: &str,
+    i: usize,
+    pod: &Netns,
+    cid: &str,
+    prev: Option<&Value>,
+) -> Outcome {
+    let conf = plugin_config(&chain.conflist, i, prev, None);
+    let inv = Invocation::new(op, cid, Some(&pod.path()), "eth0").args(&k8s_args(&pod.name, cid));
+    let inv = Invocation {
+        path: chain.cni_path.clone(),
+        ..inv
+    };
+    let plugin = find_plugin(&chain.cni_path, conf["type"].as_str().unwrap());
+    invoke(None, &plugin, &inv, &serde_json::to_vec(&conf).unwrap()).unwrap()
+}
+
 /// One pod through ADD; returns the cached final result.
 fn add(chain: &Chain, pod: &Netns, cid: &str, s: &Mutex<Samples>) -> Option<Value> {
     let plugins = chain.conflist["plugins"].as_array().unwrap().len();
     let mut prev: Option<Value> = None;
     let start = Instant::now();
     for i in 0..plugins {
-        let conf = plugin_config(&chain.conflist, i, prev.as_ref(), None);
-        let inv =
-            Invocation::new("ADD", cid, Some(&pod.path()), "eth0").args(&k8s_args(&pod.name, cid));
-        let inv = Invocation {
-            path: chain.cni_path.clone(),
-            ..inv
-        };
-        let plugin = find_plugin(&chain.cni_path, conf["type"].as_str().unwrap());
-        let out = invoke(None, &plugin, &inv, &serde_json::to_vec(&conf).unwrap()).unwrap();
+        let out = invoke_plugin(chain, "ADD", i, pod, cid, prev.as_ref());
         if !out.ok() {
             s.lock()
                 .unwrap()
@@ -140,15 +151,7 @@ fn run_all(
     };
     let start = Instant::now();
     for i in order {
-        let conf = plugin_config(&chain.conflist, i, result, None);
-        let inv =
-            Invocation::new(op, cid, Some(&pod.path()), "eth0").args(&k8s_args(&pod.name, cid));
-        let inv = Invocation {
-            path: chain.cni_path.clone(),
-            ..inv
-        };
-        let plugin = find_plugin(&chain.cni_path, conf["type"].as_str().unwrap());
-        let out = invoke(None, &plugin, &inv, &serde_json::to_vec(&conf).unwrap()).unwrap();
+        let out = invoke_plugin(chain, op, i, pod, cid, result);
         if !out.ok() {
             s.lock()
                 .unwrap()
