@@ -133,9 +133,6 @@ fn segment(pkt: &[u8], ihl: usize) -> &[u8] {
 
 #[test]
 fn forged_sources_are_dropped_on_the_host_veth_and_counted_as_spoofed() {
-    if !require_root() {
-        return;
-    }
     let mut f = fixture();
     let own = Ip::new(POD_IP, INTERNET).build();
     assert_eq!(f.run(programs::HOST_INGRESS, &own, None).0, TC_ACT_UNSPEC);
@@ -166,9 +163,6 @@ fn forged_sources_are_dropped_on_the_host_veth_and_counted_as_spoofed() {
 
 #[test]
 fn arp_ipv6_and_malformed_ipv4_from_the_pod_still_pass() {
-    if !require_root() {
-        return;
-    }
     let mut f = fixture();
     // ARP for the gateway names the pod's address as sender; IPv6 is not routed for pods;
     // malformed IPv4 is dropped by ip_rcv. All as before: passed and counted as other. (A
@@ -199,9 +193,6 @@ fn arp_ipv6_and_malformed_ipv4_from_the_pod_still_pass() {
 
 #[test]
 fn a_forged_syn_teaches_the_connection_table_nothing() {
-    if !require_root() {
-        return;
-    }
     let mut f = limited_fixture(10_000_000, 9014);
     let src = OTHER_POD_IP;
     let seg = tcp_raw(src, INTERNET, SYN, &MSS_9000, None);
@@ -226,9 +217,6 @@ fn a_forged_syn_teaches_the_connection_table_nothing() {
 /// programs pass them unparsed, counted as other, as any non-IPv4 frame.
 #[test]
 fn vlan_tagged_frames_from_the_pod_are_dropped() {
-    if !require_root() {
-        return;
-    }
     let mut f = fixture();
     for tpid in [0x8100u16, 0x88a8] {
         let inner = Ip::new(POD_IP, Ipv4Addr::new(169, 254, 169, 254)).build();
@@ -268,9 +256,6 @@ fn passes_untouched(f: &Fixture, pkt: &[u8], what: &str) {
 
 #[test]
 fn well_formed_syns_are_clamped_with_a_valid_checksum_also_after_ipv4_options() {
-    if !require_root() {
-        return;
-    }
     let f = limited_fixture(10_000_000, 9014);
     // ihl 5, 6 (a NOP word) and 15 (40 bytes of options: NOPs and a router alert).
     let ip_opts: [&[u8]; 3] = [
@@ -317,9 +302,6 @@ fn well_formed_syns_are_clamped_with_a_valid_checksum_also_after_ipv4_options() 
 
 #[test]
 fn malformed_tcp_headers_are_never_rewritten() {
-    if !require_root() {
-        return;
-    }
     let f = limited_fixture(10_000_000, 9014);
     let cases: Vec<(&str, Vec<u8>)> = vec![
         // Fewer than 20 bytes of TCP.
@@ -413,9 +395,6 @@ fn malformed_tcp_headers_are_never_rewritten() {
 
 #[test]
 fn fragments_are_never_parsed_as_tcp() {
-    if !require_root() {
-        return;
-    }
     let mut f = limited_fixture(10_000_000, 9014);
     let syn = tcp_raw(POD_IP, INTERNET, SYN, &MSS_9000, None);
     // A first fragment (SYNs are never fragmented, and a first fragment's ports are not
@@ -453,9 +432,6 @@ fn monotonic_ns() -> u64 {
 /// is 1.25e14 bytes, whose product with 8e9 does not fit 64 bits.
 #[test]
 fn extreme_rates_and_bursts_give_the_queue_model_the_right_credit() {
-    if !require_root() {
-        return;
-    }
     for (rate, burst_bits, want_ns) in [
         (limits::MAX_RATE, limits::MAX_RATE, 1_000_000_000u64),
         (20_000_000_000, limits::MAX_RATE, 1_000_000_000),
@@ -502,9 +478,6 @@ const SKB_TC_CLASSID: usize = 72;
 /// keeps that reason true: if a kernel starts accepting it, test it here.
 #[test]
 fn a_test_run_cannot_give_the_pod_side_program_a_classid() {
-    if !require_root() {
-        return;
-    }
     use aya::programs::{SchedClassifier, TestRun, TestRunOptions};
     let f = fixture();
     let prog: &SchedClassifier = f

@@ -58,15 +58,14 @@ pub fn prio_of(ctx: &[u8; SKB_SIZE]) -> u32 {
 pub const SLOW: u64 = 1_000_000;
 
 /// Loading programs needs root: without it the test fails with this message instead of
-/// passing without having run (true when it returns). [`Fixture::new`] checks it first.
-pub fn require_root() -> bool {
+/// passing without having run. [`Fixture::new`] checks it first.
+pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     assert!(
         root,
         "needs root: the eBPF tests load programs (run tests/run.sh, or cargo test as root)"
     );
-    root
 }
 
 pub struct Fixture {
