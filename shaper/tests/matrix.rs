@@ -5,7 +5,7 @@
 //! second included), no second without bytes, retransmits under 1 % of the segments sent.
 //! Root only.
 //!
-//! Cells of a rate run side by side (each in its own fabric), the 1 Gbit/s ones alone, so
+//! Cells of low rates run side by side (each in its own fabric), the 1 Gbit/s ones alone, so
 //! that the whole matrix takes about two minutes.
 
 mod fabric;
@@ -246,12 +246,13 @@ fn every_limit_holds_at_every_rate_and_mtu() {
             }
         }
     }
-    // Low rates need little CPU: all at once. 100 Mbit/s four at a time, 1 Gbit/s alone.
+    // Low rates need little CPU: all at once. 100 Mbit/s two at a time (four 1500-byte
+    // transfers at once on two CPUs sometimes lost packets to CPU contention), 1 Gbit/s alone.
     let mut results = Vec::new();
     let low: Vec<_> = all.iter().copied().filter(|c| c.1 <= 10_000_000).collect();
     results.extend(run_group(&low));
     let mid: Vec<_> = all.iter().copied().filter(|c| c.1 == 100_000_000).collect();
-    for chunk in mid.chunks(4) {
+    for chunk in mid.chunks(2) {
         results.extend(run_group(chunk));
     }
     for c in all.iter().filter(|c| c.1 == 1_000_000_000) {
