@@ -1,8 +1,22 @@
 //! The simulated VNet: a router namespace, node namespaces each running its own
 //! `aliasnet-ipamd`, pod namespaces wired by the real `aliasnet` binary, and an "internet"
 //! namespace holding TEST-NET addresses.
+//!
+//! The fabric is dual-stack: every link also carries IPv6 (the router forwards both
+//! families), whatever [`FabricOpts::stack`] says about the pods. IPv6 plan:
+//!
+//! | what                         | address                                 |
+//! |------------------------------|-----------------------------------------|
+//! | node `i` uplink link         | `fd00:100:<i>::/64` (router `::1`, node `::2`) |
+//! | node `i` pod prefix          | `fd00:240:<i>::/112`, routed to the node's uplink |
+//! | router to internet link      | `2001:db8::/64` (router `::1`)          |
+//! | internet host                | [`INTERNET_IP6`], [`INTERNET_IP6_2`]    |
 
-use std::{net::Ipv4Addr, path::PathBuf, process::Command};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    process::Command,
+};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -19,8 +33,57 @@ use crate::{
 /// The internet host's addresses (TEST-NET-3 and TEST-NET-2).
 pub const INTERNET_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const INTERNET_IP2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// The internet host's IPv6 addresses (documentation prefix 2001:db8::/32): one on its link,
+/// one behind it (as 198.51.100.10 is).
+pub const INTERNET_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
+pub const INTERNET_IP6_2: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0x10);
 /// The fabric's VNet and cluster ranges: nodes 10.100.0.0/16, pods 10.240.0.0/16.
 pub const DEFAULT_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\"]\n";
+/// [`DEFAULT_POLICY`] plus the fabric's IPv6 ranges (uplinks fd00:100::/48, pods
+/// fd00:240::/48, both inside the unique-local fd00::/8): the policy of a fabric whose pods
+/// have IPv6 addresses.
+pub const DUAL_STACK_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\", \"fd00::/8\"]\n";
+
+/// Node `i`'s uplink address on the VNet (`fd00:100:<i>::2/64`; the router is `::1`).
+pub fn uplink_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x100, i as u16, 0, 0, 0, 0, 2)
+}
+
+/// The router's address on node `i`'s link.
+pub fn router_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x100, i as u16, 0, 0, 0, 0, 1)
+}
+
+/// Node `i`'s IPv6 pod prefix, `fd00:240:<i>::/112`, which the VNet routes to the node.
+pub fn pod_prefix6(i: usize) -> String {
+    format!("fd00:240:{i:x}::/112")
+}
+
+/// Node `i`'s IPv4 pod range, `10.240.<i>.0/24`.
+pub fn pod_range4(i: usize) -> String {
+    format!("10.240.{i}.0/24")
+}
+
+/// Address families the nodes' pools serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    /// One IPv4 pool per node (the default).
+    Ipv4,
+    /// An IPv4 pool and an IPv6 pool per node.
+    Dual,
+    /// One IPv6 pool per node.
+    Ipv6,
+}
+
+impl Stack {
+    pub fn has_ipv4(self) -> bool {
+        self != Stack::Ipv6
+    }
+
+    pub fn has_ipv6(self) -> bool {
+        self != Stack::Ipv4
+    }
+}
 
 /// Shape of a fabric.
 #[derive(Debug, Clone)]
@@ -30,6 +93,11 @@ pub struct FabricOpts {
     pub cooldown: String,
     /// Per-node pool body override; default `cidrs = ["10.240.<i>.0/24"]`.
     pub pool: Option<String>,
+    /// Which families the node pools serve (default IPv4 only). With IPv6, node `i` gets a
+    /// pool over [`pod_prefix6`]`(i)` (after the IPv4 pool, `pool` overriding that one).
+    pub stack: Stack,
+    /// Per-node IPv6 pool body override; default `cidrs = ["fd00:240:<i>::/112"]`.
+    pub pool6: Option<String>,
     /// Start the daemons.
     pub start_ipamd: bool,
     /// Extra keys merged into the plugin's conflist entry.
@@ -47,6 +115,8 @@ impl Default for FabricOpts {
             nodes: 2,
             cooldown: "0s".into(),
             pool: None,
+            stack: Stack::Ipv4,
+            pool6: None,
             start_ipamd: true,
             plugin_extra: json!({}),
             shaper: true,
@@ -73,6 +143,7 @@ pub struct Node {
     pub ipamd: Option<Ipamd>,
     pub shaperd: Option<Shaperd>,
     pub uplink_ip: Ipv4Addr,
+    pub uplink_ip6: Ipv6Addr,
     pub conflist: Value,
     pub shaper_paths: ShaperPaths,
     tag: String,
@@ -83,8 +154,31 @@ pub struct Pod {
     pub name: String,
     pub container_id: String,
     pub ifname: String,
+    /// The pod's IPv4 address; `0.0.0.0` for an IPv6-only pod.
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address, if it has one.
+    pub ip6: Option<Ipv6Addr>,
     pub result: Value,
+}
+
+impl FabricOpts {
+    /// Two nodes with an IPv4 and an IPv6 pool each and [`DUAL_STACK_POLICY`].
+    pub fn dual_stack() -> Self {
+        Self {
+            stack: Stack::Dual,
+            shaper_policy: DUAL_STACK_POLICY.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Two nodes with only an IPv6 pool each and [`DUAL_STACK_POLICY`].
+    pub fn ipv6_only() -> Self {
+        Self {
+            stack: Stack::Ipv6,
+            shaper_policy: DUAL_STACK_POLICY.into(),
+            ..Self::default()
+        }
+    }
 }
 
 impl Fabric {
@@ -96,6 +190,7 @@ impl Fabric {
             .context("scratch dir")?;
         let vnet = Netns::new(&format!("an{tag}-vnet"))?;
         vnet.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+        vnet.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
         let internet = Netns::new(&format!("an{tag}-inet"))?;
 
         // The internet: 203.0.113.0/24 link, 198.51.100.10 behind it.
@@ -118,6 +213,20 @@ impl Fabric {
         internet.ip(&["link", "set", "eth0", "up"])?;
         internet.ip(&["route", "add", "default", "via", "203.0.113.1"])?;
         vnet.ip(&["route", "add", "198.51.100.0/24", "via", "203.0.113.10"])?;
+        // The same in IPv6. Static addresses skip duplicate address detection (`nodad`):
+        // nothing else is on these links, and a tentative address would not route for 1-2 s.
+        vnet.ip(&["addr", "add", "2001:db8::1/64", "dev", "inet", "nodad"])?;
+        internet.ip(&["addr", "add", "2001:db8::10/64", "dev", "eth0", "nodad"])?;
+        internet.ip(&["addr", "add", "2001:db8:1::10/128", "dev", "lo"])?;
+        internet.ip(&["-6", "route", "add", "default", "via", "2001:db8::1"])?;
+        vnet.ip(&[
+            "-6",
+            "route",
+            "add",
+            "2001:db8:1::/64",
+            "via",
+            "2001:db8::10",
+        ])?;
 
         let mut nodes = Vec::new();
         for i in 1..=opts.nodes {
@@ -176,19 +285,40 @@ impl Node {
         vnet.ip(&[
             "route",
             "add",
-            &format!("10.240.{i}.0/24"),
+            &pod_range4(i),
             "via",
             &format!("10.100.{i}.2"),
         ])?;
+        let (up6, router6) = (uplink_ip6(i).to_string(), router_ip6(i).to_string());
+        vnet.ip(&[
+            "addr",
+            "add",
+            &format!("{router6}/64"),
+            "dev",
+            &vnet_if,
+            "nodad",
+        ])?;
+        ns.ip(&["addr", "add", &format!("{up6}/64"), "dev", "eth0", "nodad"])?;
+        ns.ip(&["-6", "route", "add", "default", "via", &router6])?;
+        vnet.ip(&["-6", "route", "add", &pod_prefix6(i), "via", &up6])?;
 
         let dir = scratch.join(format!("node{i}"));
         std::fs::create_dir_all(&dir)?;
         let ipamd_paths = IpamdPaths::under(&dir);
-        let pool = o
+        let pool4 = o
             .pool
             .clone()
-            .unwrap_or_else(|| format!("cidrs = [\"10.240.{i}.0/24\"]"));
-        ipamd_paths.write_config(&pool, &o.cooldown)?;
+            .unwrap_or_else(|| format!("cidrs = [\"{}\"]", pod_range4(i)));
+        let pool6 = o
+            .pool6
+            .clone()
+            .unwrap_or_else(|| format!("cidrs = [\"{}\"]", pod_prefix6(i)));
+        let pools = match o.stack {
+            Stack::Ipv4 => vec![("secondary", pool4)],
+            Stack::Dual => vec![("secondary", pool4), ("secondary6", pool6)],
+            Stack::Ipv6 => vec![("secondary6", pool6)],
+        };
+        ipamd_paths.write_config_pools(&pools, &o.cooldown)?;
         let shaper = ShaperPaths {
             config: dir.join("shaper.toml"),
             pin_root: PathBuf::from(format!("/sys/fs/bpf/aliasnet-t{tag}-n{i}")),
@@ -223,6 +353,7 @@ impl Node {
             shaperd: None,
             shaper_paths: shaper,
             uplink_ip: Ipv4Addr::new(10, 100, i as u8, 2),
+            uplink_ip6: uplink_ip6(i),
             conflist,
             tag: tag.to_owned(),
         };
@@ -356,14 +487,16 @@ impl Node {
             .collect()
     }
 
-    /// /32 host routes to pod addresses (routes through our veths).
+    /// Host routes to pod addresses (routes through our veths): IPv4 /32s and IPv6 /128s
+    /// (not the link-local fe80::/64 the kernel gives every veth).
     pub fn pod_routes(&self) -> Vec<String> {
-        self.ns
-            .routes()
-            .expect("list routes")
+        let mut routes = self.ns.routes().expect("list routes");
+        routes.extend(self.ns.routes6().expect("list IPv6 routes"));
+        routes
             .into_iter()
             .filter(|r| r["dev"].as_str().is_some_and(|d| d.starts_with("ali")))
             .map(|r| r["dst"].as_str().unwrap_or("?").to_owned())
+            .filter(|d| !d.starts_with("fe80:"))
             .collect()
     }
 
@@ -391,25 +524,41 @@ impl Node {
 }
 
 impl Pod {
-    /// The pod an ADD result describes.
+    /// The pod an ADD result describes (its first IPv4 and first IPv6 address in `ips`).
     pub fn from_result(ns: Netns, name: &str, container_id: String, result: Value) -> Result<Pod> {
-        let ip: Ipv4Addr = result["ips"][0]["address"]
-            .as_str()
-            .and_then(|a| a.split('/').next())
-            .and_then(|a| a.parse().ok())
-            .with_context(|| format!("no ips[0].address in {result}"))?;
+        let ips = result_ips(&result);
+        let ip = ips.iter().find_map(|a| match a {
+            IpAddr::V4(a) => Some(*a),
+            IpAddr::V6(_) => None,
+        });
+        let ip6 = ips.iter().find_map(|a| match a {
+            IpAddr::V6(a) => Some(*a),
+            IpAddr::V4(_) => None,
+        });
+        if ip.is_none() && ip6.is_none() {
+            anyhow::bail!("no address in ips of {result}");
+        }
         Ok(Pod {
             ns,
             name: name.to_owned(),
             container_id,
             ifname: "eth0".into(),
-            ip,
+            ip: ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            ip6,
             result,
         })
     }
 
+    /// The pod's IPv6 address; panics when it has none.
+    #[track_caller]
+    pub fn v6(&self) -> Ipv6Addr {
+        self.ip6
+            .unwrap_or_else(|| panic!("pod {} has no IPv6 address: {}", self.name, self.result))
+    }
+
     /// `ping -c COUNT [extra] DST` from inside the pod; true when every probe was answered.
-    pub fn ping(&self, dst: Ipv4Addr, extra: &[&str]) -> bool {
+    pub fn ping(&self, dst: impl Into<IpAddr>, extra: &[&str]) -> bool {
+        let dst: IpAddr = dst.into();
         let dst = dst.to_string();
         let mut args = vec!["-c", "2", "-i", "0.05", "-W", "2", "-q"];
         args.extend_from_slice(extra);
@@ -421,10 +570,24 @@ impl Pod {
     }
 
     /// `ping -c n -s size -i interval -W 1 -q dst` from inside the pod: its summary.
-    pub fn ping_summary(&self, dst: Ipv4Addr, n: u32, size: u32, interval: &str) -> Ping {
+    pub fn ping_summary(&self, dst: impl Into<IpAddr>, n: u32, size: u32, interval: &str) -> Ping {
+        let dst: IpAddr = dst.into();
         let (n, size, dst) = (n.to_string(), size.to_string(), dst.to_string());
         let args = ["-c", &n, "-s", &size, "-i", interval, "-W", "1", "-q", &dst];
         let out = self.ns.exec_status("ping", &args).expect("run ping");
         parse_ping(&out.stdout)
     }
+}
+
+/// The addresses (without prefix length) in a CNI result's `ips`, in order.
+pub fn result_ips(result: &Value) -> Vec<IpAddr> {
+    result["ips"]
+        .as_array()
+        .map(|ips| {
+            ips.iter()
+                .filter_map(|e| e["address"].as_str())
+                .filter_map(|a| a.split('/').next()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }

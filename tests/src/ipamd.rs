@@ -38,7 +38,12 @@ impl IpamdPaths {
     /// Write a config with one static pool described by `pool_body` (TOML lines inside
     /// `[[pool]]`, e.g. `cidrs = ["10.240.1.0/24"]`).
     pub fn write_config(&self, pool_body: &str, cooldown: &str) -> Result<()> {
-        let cfg = format!(
+        self.write_config_pools(&[("secondary", pool_body.to_owned())], cooldown)
+    }
+
+    /// Write a config with one static pool per `(name, body)`.
+    pub fn write_config_pools(&self, pools: &[(&str, String)], cooldown: &str) -> Result<()> {
+        let mut cfg = format!(
             r#"socket = "{}"
 state_dir = "{}"
 spool_dir = "{}"
@@ -48,16 +53,16 @@ cooldown = "{cooldown}"
 gc_grace = "0s"
 host_veth_prefix = "ali"
 log_level = "debug"
-
-[[pool]]
-name = "secondary"
-source = "static"
-{pool_body}
 "#,
             self.socket.display(),
             self.state_dir.display(),
             self.spool_dir.display(),
         );
+        for (name, body) in pools {
+            cfg.push_str(&format!(
+                "\n[[pool]]\nname = \"{name}\"\nsource = \"static\"\n{body}\n"
+            ));
+        }
         fs::write(&self.config, cfg).context("writing ipamd config")
     }
 }

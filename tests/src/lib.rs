@@ -25,7 +25,10 @@
 //! ```
 //!
 //! The vnet router routes each node's secondary range to that node's uplink address, the way
-//! a cloud fabric delivers alias IPs: no tunnel, pod addresses on the wire.
+//! a cloud fabric delivers alias IPs: no tunnel, pod addresses on the wire. Every link also
+//! carries IPv6 (node `i`'s uplink `fd00:100:<i>::2/64`, its pod prefix `fd00:240:<i>::/112`
+//! routed to it, the internet host `2001:db8::10` and `2001:db8:1::10`); whether pods get IPv6
+//! addresses is the fabric's [`fabric::Stack`].
 //!
 //! Tests panic on failure (backtraces survive); helpers return `anyhow::Result` where the
 //! caller wants to assert on failure.

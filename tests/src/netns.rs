@@ -149,9 +149,15 @@ impl Netns {
             .unwrap_or_default())
     }
 
-    /// Destination prefixes of the main-table IPv4 routes.
+    /// The main-table IPv4 routes.
     pub fn routes(&self) -> Result<Vec<serde_json::Value>> {
         let v = self.ip_json(&["-4", "route", "show", "table", "main"])?;
+        Ok(v.as_array().cloned().unwrap_or_default())
+    }
+
+    /// The main-table IPv6 routes.
+    pub fn routes6(&self) -> Result<Vec<serde_json::Value>> {
+        let v = self.ip_json(&["-6", "route", "show", "table", "main"])?;
         Ok(v.as_array().cloned().unwrap_or_default())
     }
 }

@@ -56,19 +56,7 @@ fn shaped_pod(node: &Node, name: &str, rate: &str) -> Result<Pod> {
         .cni(&inv, &conf)
         .expect_ok("ADD shaped pod")
         .ok_or_else(|| anyhow::anyhow!("ADD printed nothing"))?;
-    let ip = result["ips"][0]["address"]
-        .as_str()
-        .and_then(|a| a.split('/').next())
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no address in {result}"))?;
-    Ok(Pod {
-        ns,
-        name: name.into(),
-        container_id: cid,
-        ifname: "eth0".into(),
-        ip,
-        result,
-    })
+    Pod::from_result(ns, name, cid, result)
 }
 
 /// iperf3 TCP for 3 s from `ns` to `dst`; received bits per second.
