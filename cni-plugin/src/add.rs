@@ -10,7 +10,8 @@
 use std::{net::IpAddr, time::Instant};
 
 use aliasnet_cni_types::{
-    code, AttachEnv, CniArgs, CniError, CniResult, Interface, IpConfig, IpNet, NetConf, Route,
+    code, AttachEnv, CniArgs, CniError, CniResult, Interface, IpConfig, IpFamily, IpNet, NetConf,
+    Route,
 };
 use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, Lease, PodRef, Request, Response};
 
@@ -44,7 +45,7 @@ impl Progress {
             ));
         };
         match call.join() {
-            Ok(Ok(Response::Allocated { lease })) => {
+            Ok(Ok(Response::Allocated { lease, .. })) => {
                 self.lease = LeaseState::Held;
                 Ok(lease)
             }
@@ -109,6 +110,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
         },
         pool: conf.pool.clone(),
         host_veth: Some(host_veth.clone()),
+        families: None,
     };
     let mut progress = Progress {
         alloc: Some(std::thread::spawn(move || client.call(&req))),
@@ -249,7 +251,15 @@ async fn attach(
         }
         (Pair::Created, None) => unreachable!("a created pair is always finished"),
     };
-    let ip = lease.address;
+    let IpAddr::V4(ip) = lease.address else {
+        return Err(CniError::new(
+            code::IPAM_ERROR,
+            format!(
+                "aliasnet-ipamd leased {} for {host_veth}, but this plugin wires only IPv4 addresses",
+                lease.address
+            ),
+        ));
+    };
 
     let h_mac = hlink.mac.ok_or_else(|| {
         CniError::new(
@@ -277,7 +287,7 @@ async fn attach(
         )
     })?;
     hr.map_err(|e| nl_err(format!("host: add route {ip}/32 dev {host_veth}"), e))?;
-    for &(dst, len) in &conf.pod_routes {
+    for (dst, len) in v4_routes(conf) {
         pod.add_gateway_route(plink.index, dst, len, GATEWAY)
             .await
             .map_err(|e| {
@@ -317,14 +327,22 @@ async fn attach(
             gateway: Some(gw),
             interface: Some(1),
         }],
-        routes: conf
-            .pod_routes
-            .iter()
-            .map(|&(dst, len)| Route::new(IpNet::new(IpAddr::V4(dst), len), Some(gw)))
+        routes: v4_routes(conf)
+            .map(|(dst, len)| Route::new(IpNet::new(IpAddr::V4(dst), len), Some(gw)))
             .collect(),
         dns: conf.dns.clone().unwrap_or_default(),
     };
     Ok((result, ip))
+}
+
+/// The IPv4 pod routes.
+pub fn v4_routes(conf: &NetConf) -> impl Iterator<Item = (std::net::Ipv4Addr, u8)> {
+    conf.pod_routes_for(IpFamily::Ipv4)
+        .into_iter()
+        .filter_map(|r| match r.addr {
+            IpAddr::V4(a) => Some((a, r.prefix_len)),
+            IpAddr::V6(_) => None,
+        })
 }
 
 /// MTU of the default route's interface; without one the operator must say.

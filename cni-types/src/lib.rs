@@ -14,7 +14,7 @@ pub mod runtime_config;
 pub mod version;
 
 pub use args::CniArgs;
-pub use config::{DatapathMode, GcAttachment, LogLevel, NetConf, RawConf};
+pub use config::{DatapathMode, GcAttachment, IpFamily, LogLevel, NetConf, RawConf};
 pub use env::{AttachEnv, Command, DelEnv, Invocation};
 pub use error::{code, CniError};
 pub use net::IpNet;

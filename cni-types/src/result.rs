@@ -211,6 +211,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::SUPPORTED_VERSIONS as SUPPORTED;
 
     fn sample() -> CniResult {
         let gw = IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1));
@@ -303,6 +304,107 @@ mod tests {
         assert_eq!(prev.dns.nameservers, vec!["10.0.0.10".to_string()]);
     }
 
+    /// A dual-stack attachment: IPv4 then IPv6 on the pod interface, a route per family.
+    fn dual_stack() -> CniResult {
+        let gw4 = IpAddr::V4(Ipv4Addr::new(169, 254, 1, 1));
+        let gw6: IpAddr = "fe80::1".parse().unwrap();
+        let mut r = sample();
+        r.ips.push(IpConfig {
+            address: "fd00:240:1::5/128".parse().unwrap(),
+            gateway: Some(gw6),
+            interface: Some(1),
+        });
+        r.routes = vec![
+            Route::new("0.0.0.0/0".parse().unwrap(), Some(gw4)),
+            Route::new("::/0".parse().unwrap(), Some(gw6)),
+            Route::new("2001:db8::/32".parse().unwrap(), Some(gw6)),
+        ];
+        r
+    }
+
+    #[test]
+    fn ipv6_in_every_format() {
+        let r = dual_stack();
+        for v in SUPPORTED {
+            let doc = r.to_json(v);
+            let ips = doc["ips"].as_array().unwrap();
+            assert_eq!(ips.len(), 2, "{v}");
+            let v6 = &ips[1];
+            assert_eq!(v6["address"], "fd00:240:1::5/128", "{v}");
+            assert_eq!(v6["gateway"], "fe80::1", "{v}");
+            assert_eq!(v6["interface"], 1, "{v}");
+            if v.legacy_result() {
+                assert_eq!(ips[0]["version"], "4", "{v}");
+                assert_eq!(v6["version"], "6", "{v}");
+            } else {
+                assert!(ips.iter().all(|ip| ip.get("version").is_none()), "{v}");
+            }
+            assert_eq!(
+                doc["routes"],
+                json!([
+                    {"dst": "0.0.0.0/0", "gw": "169.254.1.1"},
+                    {"dst": "::/0", "gw": "fe80::1"},
+                    {"dst": "2001:db8::/32", "gw": "fe80::1"}
+                ]),
+                "{v}"
+            );
+            // And back, as a later plugin's prevResult.
+            let back = CniResult::from_prev_result(&doc).unwrap();
+            assert_eq!(back.ips, r.ips, "{v}");
+            assert_eq!(back.routes, r.routes, "{v}");
+        }
+    }
+
+    #[test]
+    fn ipv6_only_result() {
+        let gw6: IpAddr = "fe80::1".parse().unwrap();
+        let mut r = sample();
+        r.ips = vec![IpConfig {
+            address: "2001:db8:0:1::a/128".parse().unwrap(),
+            gateway: Some(gw6),
+            interface: Some(1),
+        }];
+        r.routes = vec![Route::new("::/0".parse().unwrap(), Some(gw6))];
+        assert_eq!(
+            r.to_json(CniVersion::V0_4_0)["ips"],
+            json!([{"version": "6", "address": "2001:db8:0:1::a/128", "gateway": "fe80::1", "interface": 1}])
+        );
+        assert_eq!(
+            r.to_json(CniVersion::V1_0_0)["ips"],
+            json!([{"address": "2001:db8:0:1::a/128", "gateway": "fe80::1", "interface": 1}])
+        );
+    }
+
+    #[test]
+    fn legacy_ipv6_prev_result_parses() {
+        let r = CniResult::from_prev_result(&json!({
+            "cniVersion": "0.3.1",
+            "interfaces": [{"name": "eth0", "sandbox": "/x"}],
+            "ips": [
+                {"version": "4", "address": "10.0.0.2/32", "interface": 0},
+                {"version": "6", "address": "fd00::2/128", "gateway": "fe80::1", "interface": 0}
+            ],
+            "routes": [{"dst": "::/0", "gw": "fe80::1"}]
+        }))
+        .unwrap();
+        assert_eq!(r.ips[1].address, "fd00::2/128".parse().unwrap());
+        assert_eq!(r.ips[1].gateway, Some("fe80::1".parse().unwrap()));
+        assert_eq!(r.routes[0].dst, "::/0".parse().unwrap());
+    }
+
+    #[test]
+    fn merge_offsets_ipv6_indices_too() {
+        let mut prev = CniResult::from_prev_result(&json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "net1", "sandbox": "/x"}],
+            "ips": [{"address": "fd01::2/64", "interface": 0}]
+        }))
+        .unwrap();
+        prev.merge(dual_stack());
+        let idx: Vec<_> = prev.ips.iter().map(|i| i.interface).collect();
+        assert_eq!(idx, vec![Some(0), Some(2), Some(2)]);
+    }
+
     #[test]
     fn bad_prev_results_are_code_7() {
         for bad in [
@@ -310,6 +412,8 @@ mod tests {
             json!({"interfaces": [{}]}),
             json!({"ips": [{"address": "10.0.0.1/32", "interface": 3}]}),
             json!([]),
+            json!({"ips": [{"version": "6", "address": "fd00::1/129"}]}),
+            json!({"routes": [{"dst": "fd00::/8", "gw": "fe80::1%eth0"}]}),
         ] {
             let e = CniResult::from_prev_result(&bad).unwrap_err();
             assert_eq!(e.code, 7, "{bad}");

@@ -29,6 +29,7 @@ const KEYS: &[&str] = &[
     "timeoutMs",
     "dns",
     "podRoutes",
+    "ipFamilies",
     "bpfPinRoot",
     "datapath",
     "capabilities",
@@ -117,14 +118,26 @@ fn check_accepted(c: &NetConf) {
         assert!(l.is_absolute());
     }
     assert!(!c.pod_routes.is_empty());
-    for (i, (addr, len)) in c.pod_routes.iter().enumerate() {
-        assert!(*len <= 32);
-        let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
-        assert_eq!(u32::from(*addr) & !mask, 0, "host bits in {addr}/{len}");
-        assert!(
-            !c.pod_routes[..i].contains(&(*addr, *len)),
-            "duplicate route"
-        );
+    for (i, r) in c.pod_routes.iter().enumerate() {
+        let (bits, width) = match r.addr {
+            std::net::IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+            std::net::IpAddr::V6(a) => (u128::from(a), 128),
+        };
+        let host_bits = width - u32::from(r.prefix_len);
+        let host = u128::MAX.checked_shr(128 - host_bits).unwrap_or(0);
+        let host = if host_bits == 0 { 0 } else { host };
+        assert_eq!(bits & host, 0, "host bits in {r}");
+        assert!(!c.pod_routes[..i].contains(r), "duplicate route");
+        if let Some(f) = &c.ip_families {
+            let fam = aliasnet_cni_types::IpFamily::of(r.addr);
+            assert!(
+                f.contains(&fam),
+                "route {r} of a family ipFamilies leaves out"
+            );
+        }
+    }
+    if let Some(f) = &c.ip_families {
+        assert!(!f.is_empty() && f.windows(2).all(|w| w[0] < w[1]), "{f:?}");
     }
     if let Some(bw) = c.runtime_config.bandwidth {
         let _ = format!("{bw:?}");
@@ -386,6 +399,16 @@ fn value_for(k: &'static str) -> BoxedStrategy<Value> {
                 text().prop_map(Value::from),
             ],
             0..4,
+        )
+        .prop_map(Value::Array)
+        .boxed(),
+        "ipFamilies" => proptest::collection::vec(
+            prop_oneof![
+                proptest::sample::select(vec!["ipv4", "ipv6", "IPv6", "ipv5"])
+                    .prop_map(Value::from),
+                text().prop_map(Value::from),
+            ],
+            0..3,
         )
         .prop_map(Value::Array)
         .boxed(),

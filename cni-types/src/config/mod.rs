@@ -5,11 +5,15 @@
 //! (checked by `tests/config_doc.rs`). Unknown keys are tolerated. A value of the wrong type or
 //! out of range is a code-7 error naming the key.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use serde_json::{Map, Value};
 
-use crate::{CniError, CniVersion, Dns, RuntimeConfig};
+use crate::{CniError, CniVersion, Dns, IpNet, RuntimeConfig};
 
 pub const DEFAULT_MTU_MIN: u32 = 68;
 pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
@@ -34,6 +38,7 @@ pub const KEYS: &[&str] = &[
     "mtu",
     "hostVethPrefix",
     "podRoutes",
+    "ipFamilies",
     "asyncTeardown",
     "timeoutMs",
     "logFile",
@@ -63,6 +68,43 @@ impl DatapathMode {
             Self::Optional => "optional",
             Self::Off => "off",
         }
+    }
+}
+
+/// An address family a pod can be given (`ipFamilies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamily {
+    Ipv4,
+    Ipv6,
+}
+
+impl IpFamily {
+    pub fn of(addr: IpAddr) -> Self {
+        match addr {
+            IpAddr::V4(_) => Self::Ipv4,
+            IpAddr::V6(_) => Self::Ipv6,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ipv4 => "ipv4",
+            Self::Ipv6 => "ipv6",
+        }
+    }
+
+    /// The family's default route (`0.0.0.0/0` or `::/0`).
+    pub fn default_route(self) -> IpNet {
+        match self {
+            Self::Ipv4 => IpNet::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+            Self::Ipv6 => IpNet::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0),
+        }
+    }
+}
+
+impl std::fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -131,8 +173,12 @@ pub struct NetConf {
     pub async_teardown: bool,
     pub timeout: Duration,
     pub dns: Option<Dns>,
-    /// Destinations routed via the link-local gateway inside the pod (network addresses).
-    pub pod_routes: Vec<(std::net::Ipv4Addr, u8)>,
+    /// Destinations routed via the link-local gateway inside the pod (network addresses, both
+    /// families); see [`NetConf::pod_routes_for`].
+    pub pod_routes: Vec<IpNet>,
+    /// `ipFamilies`: exactly these families (sorted, no duplicates); `None` = whatever the
+    /// daemon's pools serve.
+    pub ip_families: Option<Vec<IpFamily>>,
     pub capabilities: Map<String, Value>,
     pub runtime_config: RuntimeConfig,
     /// `args` (CNI conventions), kept verbatim.
@@ -151,6 +197,23 @@ impl NetConf {
     /// Decode and validate in one step.
     pub fn parse(bytes: &[u8]) -> Result<Self, CniError> {
         RawConf::decode(bytes)?.validate()
+    }
+
+    /// The pod routes of `family`: its entries of `podRoutes`, or the family's default route
+    /// when the list has none of that family (so an IPv4-only list still gives an IPv6 address
+    /// a way out).
+    pub fn pod_routes_for(&self, family: IpFamily) -> Vec<IpNet> {
+        let routes: Vec<IpNet> = self
+            .pod_routes
+            .iter()
+            .filter(|r| IpFamily::of(r.addr) == family)
+            .copied()
+            .collect();
+        if routes.is_empty() {
+            vec![family.default_route()]
+        } else {
+            routes
+        }
     }
 }
 
@@ -242,9 +305,15 @@ impl RawConf {
                 serde_json::from_value::<Dns>(v.clone()).map_err(|e| CniError::config("dns", e))?,
             ),
         };
+        let ip_families = f.get("ipFamilies").map(parse_ip_families).transpose()?;
         let pod_routes = match f.get("podRoutes") {
-            None => vec![(std::net::Ipv4Addr::UNSPECIFIED, 0)],
-            Some(v) => parse_pod_routes(v)?,
+            None => ip_families
+                .as_deref()
+                .unwrap_or(&[IpFamily::Ipv4, IpFamily::Ipv6])
+                .iter()
+                .map(|f| f.default_route())
+                .collect(),
+            Some(v) => parse_pod_routes(v, ip_families.as_deref())?,
         };
         let capabilities = f.opt_object("capabilities")?.cloned().unwrap_or_default();
         let runtime_config = match f.get("runtimeConfig") {
@@ -277,6 +346,7 @@ impl RawConf {
             timeout: Duration::from_millis(timeout_ms),
             dns,
             pod_routes,
+            ip_families,
             capabilities,
             runtime_config,
             args,
@@ -288,41 +358,90 @@ impl RawConf {
     }
 }
 
-/// `podRoutes`: a non-empty list of IPv4 CIDRs without host bits, no duplicates.
-fn parse_pod_routes(v: &Value) -> Result<Vec<(std::net::Ipv4Addr, u8)>, CniError> {
-    let arr = v
-        .as_array()
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| CniError::config("podRoutes", "must be a non-empty array of IPv4 CIDRs"))?;
-    let mut out: Vec<(std::net::Ipv4Addr, u8)> = Vec::with_capacity(arr.len());
+/// `ipFamilies`: a non-empty list of `"ipv4"` / `"ipv6"`, no duplicates; returned sorted
+/// (IPv4 first, the order results list addresses in).
+fn parse_ip_families(v: &Value) -> Result<Vec<IpFamily>, CniError> {
+    const K: &str = "ipFamilies";
+    let arr = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+        CniError::config(K, "must be a non-empty array of \"ipv4\" and/or \"ipv6\"")
+    })?;
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, e) in arr.iter().enumerate() {
+        let field = format!("{K}[{i}]");
+        let fam = match e.as_str().map(str::to_ascii_lowercase).as_deref() {
+            Some("ipv4") => IpFamily::Ipv4,
+            Some("ipv6") => IpFamily::Ipv6,
+            _ => {
+                return Err(CniError::config(
+                    &field,
+                    format!("{e} is not \"ipv4\" or \"ipv6\""),
+                ))
+            }
+        };
+        if out.contains(&fam) {
+            return Err(CniError::config(&field, format!("{fam} is listed twice")));
+        }
+        out.push(fam);
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `podRoutes`: a non-empty list of IPv4 and IPv6 CIDRs without host bits, no duplicates, and
+/// none of a family `ipFamilies` leaves out.
+fn parse_pod_routes(v: &Value, families: Option<&[IpFamily]>) -> Result<Vec<IpNet>, CniError> {
+    let arr = v.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+        CniError::config("podRoutes", "must be a non-empty array of IPv4/IPv6 CIDRs")
+    })?;
+    let mut out: Vec<IpNet> = Vec::with_capacity(arr.len());
     for (i, e) in arr.iter().enumerate() {
         let field = format!("podRoutes[{i}]");
-        let s = e
-            .as_str()
-            .ok_or_else(|| CniError::config(&field, "must be a string like \"10.0.0.0/8\""))?;
-        let net: crate::IpNet = s.parse().map_err(|e| CniError::config(&field, e))?;
-        let std::net::IpAddr::V4(addr) = net.addr else {
-            return Err(CniError::config(&field, format!("{s:?} is not IPv4")));
-        };
-        let mask = u32::MAX
-            .checked_shl(32 - u32::from(net.prefix_len))
-            .unwrap_or(0);
-        if u32::from(addr) & !mask != 0 {
+        let s = e.as_str().ok_or_else(|| {
+            CniError::config(
+                &field,
+                "must be a string like \"10.0.0.0/8\" or \"fd00::/8\"",
+            )
+        })?;
+        let net: IpNet = s.parse().map_err(|e| CniError::config(&field, e))?;
+        let network = network_of(net);
+        if network != net {
             return Err(CniError::config(
                 &field,
-                format!(
-                    "{s:?} has host bits set; did you mean {}/{}?",
-                    std::net::Ipv4Addr::from(u32::from(addr) & mask),
-                    net.prefix_len
-                ),
+                format!("{s:?} has host bits set; did you mean {network}?"),
             ));
         }
-        if out.contains(&(addr, net.prefix_len)) {
+        let fam = IpFamily::of(net.addr);
+        if families.is_some_and(|f| !f.contains(&fam)) {
+            return Err(CniError::config(
+                &field,
+                format!("{s:?} is {fam} but ipFamilies does not list {fam}"),
+            ));
+        }
+        if out.contains(&net) {
             return Err(CniError::config(&field, format!("{s:?} is listed twice")));
         }
-        out.push((addr, net.prefix_len));
+        out.push(net);
     }
     Ok(out)
+}
+
+/// `net` with its host bits cleared.
+fn network_of(net: IpNet) -> IpNet {
+    let addr = match net.addr {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(net.prefix_len))
+                .unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(net.prefix_len))
+                .unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
+        }
+    };
+    IpNet::new(addr, net.prefix_len)
 }
 
 fn parse_attachments(key: &str, v: &Value) -> Result<Vec<GcAttachment>, CniError> {

@@ -53,17 +53,48 @@ fn datapath_keys() {
     );
 }
 
+fn nets(list: &[&str]) -> Vec<IpNet> {
+    list.iter().map(|s| s.parse().unwrap()).collect()
+}
+
 #[test]
 fn pod_routes_default_and_validation() {
     let c = NetConf::parse(&serde_json::to_vec(&base()).unwrap()).unwrap();
-    assert_eq!(c.pod_routes, vec![(std::net::Ipv4Addr::UNSPECIFIED, 0)]);
+    assert_eq!(c.pod_routes, nets(&["0.0.0.0/0", "::/0"]));
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv4), nets(&["0.0.0.0/0"]));
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv6), nets(&["::/0"]));
     let c = NetConf::parse(&with("podRoutes", json!(["10.0.0.0/8", "172.16.0.0/12"]))).unwrap();
     assert_eq!(c.pod_routes.len(), 2);
+    assert_eq!(
+        c.pod_routes_for(IpFamily::Ipv4),
+        nets(&["10.0.0.0/8", "172.16.0.0/12"])
+    );
+    // A list without IPv6 entries leaves an IPv6 address its default route.
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv6), nets(&["::/0"]));
+    let c = NetConf::parse(&with(
+        "podRoutes",
+        json!(["fd00::/8", "10.0.0.0/8", "2001:db8:1::/48"]),
+    ))
+    .unwrap();
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv4), nets(&["10.0.0.0/8"]));
+    assert_eq!(
+        c.pod_routes_for(IpFamily::Ipv6),
+        nets(&["fd00::/8", "2001:db8:1::/48"])
+    );
+    let c = NetConf::parse(&with("podRoutes", json!(["::/0"]))).unwrap();
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv4), nets(&["0.0.0.0/0"]));
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv6), nets(&["::/0"]));
     for (bad, needle) in [
         (json!(["10.0.0.0/33"]), "podRoutes[0]"),
         (json!(["10.0.0.1/8"]), "host bits"),
+        (json!(["10.0.0.1/8"]), "10.0.0.0/8"),
         (json!(["10.0.0.0/8", "10.0.0.0/8"]), "twice"),
-        (json!(["fd00::/8"]), "not IPv4"),
+        (json!(["fd00::/129"]), "podRoutes[0]"),
+        (json!(["10.0.0.0/8", "fd00::1/8"]), "podRoutes[1]"),
+        (json!(["fd00::1/8"]), "fd00::/8"),
+        (json!(["fd00::/8", "fd00::/8"]), "twice"),
+        (json!(["fd00::/8", "FD00::/8"]), "podRoutes[1]"),
+        (json!(["fe80::/10%eth0"]), "podRoutes[0]"),
         (json!([]), "non-empty"),
         (json!("10.0.0.0/8"), "podRoutes"),
         (json!([7]), "podRoutes[0]"),
@@ -75,6 +106,79 @@ fn pod_routes_default_and_validation() {
             "{bad}: {e:?}"
         );
     }
+}
+
+#[test]
+fn ip_families() {
+    let c = NetConf::parse(&serde_json::to_vec(&base()).unwrap()).unwrap();
+    assert_eq!(c.ip_families, None);
+    for (v, want) in [
+        (json!(["ipv4"]), vec![IpFamily::Ipv4]),
+        (json!(["ipv6"]), vec![IpFamily::Ipv6]),
+        (
+            json!(["ipv6", "ipv4"]),
+            vec![IpFamily::Ipv4, IpFamily::Ipv6],
+        ),
+        (
+            json!(["IPv4", "IPv6"]),
+            vec![IpFamily::Ipv4, IpFamily::Ipv6],
+        ),
+    ] {
+        let c = NetConf::parse(&with("ipFamilies", v.clone())).unwrap();
+        assert_eq!(c.ip_families, Some(want), "{v}");
+    }
+    assert_eq!(
+        NetConf::parse(&with("ipFamilies", Value::Null))
+            .unwrap()
+            .ip_families,
+        None
+    );
+    for (bad, needle) in [
+        (json!([]), "ipFamilies"),
+        (json!("ipv6"), "ipFamilies"),
+        (json!({"ipv6": true}), "ipFamilies"),
+        (json!(["ipv5"]), "ipFamilies[0]"),
+        (json!(["ipv4", "v6"]), "ipFamilies[1]"),
+        (json!(["ipv4", 6]), "ipFamilies[1]"),
+        (json!(["ipv6", "ipv6"]), "twice"),
+        (json!(["ipv4", "IPV4"]), "ipFamilies[1]"),
+    ] {
+        let e = NetConf::parse(&with("ipFamilies", bad.clone())).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG, "{bad}");
+        assert!(e.msg.contains(needle), "{bad}: {e:?}");
+    }
+}
+
+#[test]
+fn pod_routes_of_a_family_ip_families_leaves_out_are_refused() {
+    let conf = |fams: Value, routes: Value| {
+        let mut b = base();
+        b["ipFamilies"] = fams;
+        b["podRoutes"] = routes;
+        NetConf::parse(&serde_json::to_vec(&b).unwrap())
+    };
+    let e = conf(json!(["ipv4"]), json!(["10.0.0.0/8", "fd00::/8"])).unwrap_err();
+    assert_eq!(e.code, code::INVALID_CONFIG);
+    assert!(
+        e.msg.contains("podRoutes[1]") && e.msg.contains("ipFamilies"),
+        "{}",
+        e.msg
+    );
+    let e = conf(json!(["ipv6"]), json!(["0.0.0.0/0"])).unwrap_err();
+    assert!(e.msg.contains("podRoutes[0]"), "{}", e.msg);
+    let mut b = base();
+    b["ipFamilies"] = json!(["ipv6"]);
+    let c = NetConf::parse(&serde_json::to_vec(&b).unwrap()).unwrap();
+    assert_eq!(
+        c.pod_routes,
+        nets(&["::/0"]),
+        "the default follows ipFamilies"
+    );
+    let c = conf(json!(["ipv6"]), json!(["fd00::/8"])).unwrap();
+    assert_eq!(c.pod_routes_for(IpFamily::Ipv6), nets(&["fd00::/8"]));
+    // An invalid ipFamilies is reported as such, not as a podRoutes problem.
+    let e = conf(json!(["ipv7"]), json!(["fd00::/8"])).unwrap_err();
+    assert!(e.msg.contains("ipFamilies[0]"), "{}", e.msg);
 }
 
 #[test]
@@ -178,6 +282,13 @@ fn bad_config_table() {
         (with("bpfPinRoot", json!(1)), 7, "bpfPinRoot"),
         (with("datapath", json!("sometimes")), 7, "datapath"),
         (with("datapath", json!(true)), 7, "datapath"),
+        (
+            with("ipFamilies", json!(["ipv6", "ipv9"])),
+            7,
+            "ipFamilies[1]",
+        ),
+        (with("ipFamilies", json!([])), 7, "ipFamilies"),
+        (with("podRoutes", json!(["fd00::1/64"])), 7, "podRoutes[0]"),
         (with("timeoutMs", json!("5s")), 7, "timeoutMs"),
         (with("dns", json!({"nameservers": "1.1.1.1"})), 7, "dns"),
         (with("capabilities", json!(true)), 7, "capabilities"),
