@@ -98,7 +98,13 @@ fn attachment(node: &Node, i: usize, limits: Limits) -> PodAttachment {
             name: format!("pod-{i}"),
             container_id: format!("{i:064x}"),
             ifname: "eth0".into(),
-            ip: std::net::Ipv4Addr::new(10, 20, (i / 250) as u8, (i % 250 + 1) as u8),
+            ipv4: Some(std::net::Ipv4Addr::new(
+                10,
+                20,
+                (i / 250) as u8,
+                (i % 250 + 1) as u8,
+            )),
+            ipv6: None,
         },
         limits,
     }

@@ -159,7 +159,13 @@ fn install(node: &Node, pods: usize) -> Result<Datapath> {
                 name: format!("trainer-{i:04}-5d8c7b9f6d-x2kq{}", i % 10),
                 container_id: format!("{:064x}", i + 1),
                 ifname: "eth0".into(),
-                ip: std::net::Ipv4Addr::new(10, 250, (i / 256) as u8, (i % 256) as u8),
+                ipv4: Some(std::net::Ipv4Addr::new(
+                    10,
+                    250,
+                    (i / 256) as u8,
+                    (i % 256) as u8,
+                )),
+                ipv6: None,
             },
             limits: Limits {
                 ingress_rate: Some(1_000_000_000),

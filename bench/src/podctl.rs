@@ -84,7 +84,8 @@ pub fn run(args: Args) -> Result<()> {
                     name: "podctl".into(),
                     container_id,
                     ifname: "eth0".into(),
-                    ip,
+                    ipv4: Some(ip),
+                    ipv6: None,
                 },
                 limits,
             })?;
@@ -102,7 +103,7 @@ pub fn run(args: Args) -> Result<()> {
                     p.slot,
                     p.namespace(),
                     p.name(),
-                    p.ip(),
+                    p.addresses(),
                     p.host_ifname()
                 );
                 for d in Direction::ALL {

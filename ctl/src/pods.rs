@@ -52,6 +52,7 @@ pub struct Drops {
 pub struct Pod {
     pub namespace: String,
     pub pod: String,
+    /// The pod's addresses, IPv4 first, comma-separated.
     pub ip: String,
     pub container_id: String,
     pub ifname: String,
@@ -92,7 +93,7 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
     Pod {
         namespace: r.namespace(),
         pod: r.name(),
-        ip: r.ip().to_string(),
+        ip: r.addresses(),
         container_id: r.container_id(),
         ifname: r.ifname(),
         host_veth: r.host_ifname(),

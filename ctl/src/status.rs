@@ -173,7 +173,7 @@ fn collect(g: &Global) -> Status {
                         datapath.pods.push(PodPrograms {
                             namespace: rec.namespace(),
                             pod: rec.name(),
-                            ip: rec.ip().to_string(),
+                            ip: rec.addresses(),
                             host_veth: rec.host_ifname(),
                             frame: rec.meta.frame,
                             gso_max: rec.meta.gso_max,

@@ -23,6 +23,7 @@ use crate::{
 pub struct Rates {
     pub namespace: String,
     pub pod: String,
+    /// The pod's addresses, IPv4 first, comma-separated.
     pub ip: String,
     pub internal_egress_bps: f64,
     pub internal_ingress_bps: f64,
@@ -60,7 +61,7 @@ fn sample(dp: &Datapath) -> anyhow::Result<HashMap<Key, (String, String, String,
             // Slot plus attachment key: a slot reused by another pod is not a rate.
             (
                 (r.slot, r.container_id(), r.ifname()),
-                (r.namespace(), r.name(), r.ip().to_string(), r.counters),
+                (r.namespace(), r.name(), r.addresses(), r.counters),
             )
         })
         .collect())

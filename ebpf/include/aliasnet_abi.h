@@ -23,7 +23,7 @@
 
 #include <linux/types.h>
 
-#define AN_ABI_VERSION 4
+#define AN_ABI_VERSION 5
 
 /* Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower). */
 #define AN_MAX_PODS 1024
@@ -36,7 +36,7 @@
 #define AN_CLASS_INTERNAL 0
 #define AN_CLASS_INTERNET 1
 #define AN_CLASS_BLOCKED 2
-/* Not IPv4 (ARP, IPv6, malformed IPv4 the stack drops anyway): passed, counted here. */
+/* Not IP (ARP, malformed IPv4 or IPv6 the stack drops anyway): passed, counted here. */
 #define AN_CLASS_OTHER 3
 #define AN_NR_CLASSES 4
 
@@ -78,9 +78,10 @@ _Static_assert(AN_POD_FILTER_CLASSID_BASE + AN_MAX_PODS - 1 <= 0xffff,
 	       "a slot's filter classid fits qdisc_skb_cb's 16-bit tc_classid");
 
 /*
- * an_prefixes: LPM trie. The key's data part is {gen, addr}: every entry has
+ * an_prefixes (IPv4) and an_prefixes6 (IPv6): LPM tries, one per family, so an IPv4 lookup
+ * costs what it did before IPv6. The key's data part is {gen, addr}: every entry has
  * prefixlen >= 32, so a lookup only matches entries of the generation it asks for.
- * Userspace writes the new policy under the inactive generation, flips
+ * Userspace writes the new policy of both families under the inactive generation, flips
  * an_config.active_gen (one aligned 32-bit store), then deletes the old generation: each
  * packet sees either the whole old or the whole new policy.
  */
@@ -90,6 +91,13 @@ struct an_lpm_key {
 	__u32 addr;      /* IPv4, network byte order */
 };
 _Static_assert(sizeof(struct an_lpm_key) == 12, "an_lpm_key size");
+
+struct an_lpm6_key {
+	__u32 prefixlen; /* 32 + IPv6 prefix length */
+	__u32 gen;       /* 0 or 1 */
+	__u32 addr[4];   /* IPv6, network byte order */
+};
+_Static_assert(sizeof(struct an_lpm6_key) == 24, "an_lpm6_key size");
 
 struct an_lpm_value {
 	__u32 class; /* AN_CLASS_INTERNAL or AN_CLASS_BLOCKED; a miss means internet */
@@ -122,12 +130,16 @@ _Static_assert(sizeof(struct an_config) == 64, "an_config size");
 struct an_pod {
 	__u32 slot;   /* index into an_counters and an_pod_meta */
 	__u32 flags;  /* AN_POD_* */
-	__u32 ipv4;   /* network byte order */
+	__u32 ipv4;   /* network byte order, 0 = the pod has no IPv4 address */
 	__u32 reserved;
+	__u32 ipv6[4]; /* network byte order, all zero = the pod has no IPv6 address */
 };
-_Static_assert(sizeof(struct an_pod) == 16, "an_pod size");
+_Static_assert(sizeof(struct an_pod) == 32, "an_pod size");
 
-/* an_pod_ips: pod IPv4 (network byte order) -> slot, for the uplink program. */
+/*
+ * an_pod_ips: pod IPv4 (network byte order) -> slot, an_pod_ips6: pod IPv6 -> slot, for the
+ * uplink program and the pod-side program's fallback.
+ */
 
 struct an_counter {
 	__u64 packets; /* wire packets: a GSO skb counts as its segments */
@@ -183,8 +195,9 @@ struct an_pod_meta {
 	char netns[256];       /* CNI_NETNS as given on ADD */
 	__u32 frame;           /* the pod's largest frame: veth MTU + Ethernet header, bytes */
 	__u32 gso_max;         /* the pod's largest GSO/GRO aggregate, bytes */
+	__u32 ipv6[4];         /* network byte order, all zero = none */
 };
-_Static_assert(sizeof(struct an_pod_meta) == 808, "an_pod_meta size");
+_Static_assert(sizeof(struct an_pod_meta) == 824, "an_pod_meta size");
 
 /*
  * an_pod_keys: hash, the attachment-key index, userspace only: (container ID, ifname),
@@ -252,13 +265,14 @@ _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
 #define AN_CONN_ESTABLISHED 3
 #define AN_CONN_SYN_RCVD 4    /* the remote sent a SYN (its window scale is kept for the pod's SYN-ACK) */
 
+/* Addresses are IPv6, or IPv4-mapped IPv6 (::ffff:a.b.c.d) for IPv4 connections. */
 struct an_conn_key {
-	__u32 pod_addr;    /* network byte order */
-	__u32 remote_addr;
-	__u16 pod_port;    /* network byte order */
+	__u32 pod_addr[4];    /* network byte order */
+	__u32 remote_addr[4];
+	__u16 pod_port;       /* network byte order */
 	__u16 remote_port;
 };
-_Static_assert(sizeof(struct an_conn_key) == 12, "an_conn_key size");
+_Static_assert(sizeof(struct an_conn_key) == 36, "an_conn_key size");
 
 struct an_conn {
 	__u64 t_handshake; /* bpf_ktime_get_ns() of the pod's SYN or SYN-ACK */

@@ -81,6 +81,21 @@ struct {
 } an_conns SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct an_lpm6_key);
+	__type(value, struct an_lpm_value);
+	__uint(max_entries, AN_LPM_MAX_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} an_prefixes6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32[4]); /* pod IPv6, network byte order */
+	__type(value, __u32); /* slot */
+	__uint(max_entries, AN_MAX_PODS);
+} an_pod_ips6 SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct an_ns_key);
 	__type(value, struct an_ns_rate);

@@ -161,14 +161,17 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 
 	if (bpf_skb_load_bytes(skb, off, &th, sizeof(th)) < 0)
 		return;
+	/* IPv4 as IPv4-mapped IPv6. */
+	key.pod_addr[2] = bpf_htonl(0xffff);
+	key.remote_addr[2] = bpf_htonl(0xffff);
 	if (dir == AN_DIR_EGRESS) {
-		key.pod_addr = p->saddr;
-		key.remote_addr = p->daddr;
+		key.pod_addr[3] = p->saddr;
+		key.remote_addr[3] = p->daddr;
 		key.pod_port = th.source;
 		key.remote_port = th.dest;
 	} else {
-		key.pod_addr = p->daddr;
-		key.remote_addr = p->saddr;
+		key.pod_addr[3] = p->daddr;
+		key.remote_addr[3] = p->saddr;
 		key.pod_port = th.dest;
 		key.remote_port = th.source;
 	}

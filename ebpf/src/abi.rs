@@ -9,14 +9,14 @@
 //! stored in them and the HTB class ids. Tuning constants live in [`crate::tuning`] and are
 //! not covered.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use aya::maps::MapType;
 
 use crate::maps;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
@@ -90,7 +90,7 @@ pub enum Class {
     Internal,
     Internet,
     Blocked,
-    /// Not IPv4 (ARP, IPv6): passed and counted here.
+    /// Not IP (ARP, malformed IPv4 or IPv6): passed and counted here.
     Other,
 }
 
@@ -168,6 +168,26 @@ impl LpmKeyData {
     }
 }
 
+/// Data part of `struct an_lpm6_key` (`an_prefixes6`); aya's `lpm_trie::Key<Lpm6KeyData>`
+/// adds the leading `prefixlen` (= 32 + IPv6 prefix length).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Lpm6KeyData {
+    pub gen: u32,
+    /// IPv6 octets in network order.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<aya::maps::lpm_trie::Key<Lpm6KeyData>>() == 24);
+
+impl Lpm6KeyData {
+    pub fn new(gen: u32, addr: Ipv6Addr) -> Self {
+        Self {
+            gen,
+            addr: addr.octets(),
+        }
+    }
+}
+
 /// `struct an_lpm_value`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -202,11 +222,13 @@ const _: () = assert!(core::mem::size_of::<Config>() == 64);
 pub struct Pod {
     pub slot: u32,
     pub flags: u32,
-    /// IPv4 octets in network order.
+    /// IPv4 octets in network order, all zero = none.
     pub ipv4: [u8; 4],
     pub reserved: u32,
+    /// IPv6 octets in network order, all zero = none.
+    pub ipv6: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<Pod>() == 16);
+const _: () = assert!(core::mem::size_of::<Pod>() == 32);
 
 /// `struct an_counter`.
 #[repr(C)]
@@ -284,8 +306,10 @@ pub struct PodMeta {
     pub frame: u32,
     /// The pod veth's largest GSO/GRO aggregate, bytes.
     pub gso_max: u32,
+    /// IPv6 octets in network order, all zero = none.
+    pub ipv6: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<PodMeta>() == 808);
+const _: () = assert!(core::mem::size_of::<PodMeta>() == 824);
 const _: () = assert!(core::mem::offset_of!(PodMeta, k8s_namespace) == 64);
 
 impl Default for PodMeta {
@@ -309,6 +333,7 @@ impl Default for PodMeta {
             netns: [0; 256],
             frame: 0,
             gso_max: 0,
+            ipv6: [0; 16],
         }
     }
 }
@@ -333,6 +358,7 @@ impl core::fmt::Debug for PodMeta {
             .field("netns", &cstr(&self.netns))
             .field("frame", &self.frame)
             .field("gso_max", &self.gso_max)
+            .field("ipv6", &Ipv6Addr::from(self.ipv6))
             .finish()
     }
 }
@@ -389,16 +415,25 @@ pub struct Flow {
 }
 const _: () = assert!(core::mem::size_of::<Flow>() == 16);
 
-/// `struct an_conn_key`: a pod's TCP connection (addresses and ports in network byte order).
+/// `struct an_conn_key`: a pod's TCP connection (addresses and ports in network byte order;
+/// IPv4 addresses as IPv4-mapped IPv6, see [`conn_addr`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ConnKey {
-    pub pod_addr: [u8; 4],
-    pub remote_addr: [u8; 4],
+    pub pod_addr: [u8; 16],
+    pub remote_addr: [u8; 16],
     pub pod_port: [u8; 2],
     pub remote_port: [u8; 2],
 }
-const _: () = assert!(core::mem::size_of::<ConnKey>() == 12);
+const _: () = assert!(core::mem::size_of::<ConnKey>() == 36);
+
+/// An address as `an_conns` keys it: IPv6 as is, IPv4 as IPv4-mapped IPv6.
+pub fn conn_addr(addr: std::net::IpAddr) -> [u8; 16] {
+    match addr {
+        std::net::IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        std::net::IpAddr::V6(a) => a.octets(),
+    }
+}
 
 /// `struct an_conn`: what the handshake told about a connection.
 #[repr(C)]
@@ -433,6 +468,7 @@ const _: () = assert!(core::mem::size_of::<NsRate>() == 8);
 // implicit padding (sizes asserted above equal the sum of their fields), so every bit
 // pattern is valid and they can be copied to and from map memory.
 unsafe impl aya::Pod for LpmKeyData {}
+unsafe impl aya::Pod for Lpm6KeyData {}
 unsafe impl aya::Pod for LpmValue {}
 unsafe impl aya::Pod for Config {}
 unsafe impl aya::Pod for Pod {}
@@ -448,7 +484,7 @@ unsafe impl aya::Pod for Flow {}
 unsafe impl aya::Pod for ConnKey {}
 unsafe impl aya::Pod for Conn {}
 
-/// `BPF_F_NO_PREALLOC`: entries are allocated on insert (`an_prefixes`, `an_ns_rates`).
+/// `BPF_F_NO_PREALLOC`: entries are allocated on insert (the prefix tries, `an_ns_rates`).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// The definition of one pinned map: what the object declares (or, for [`POD_KEYS`], what
@@ -481,7 +517,7 @@ const fn def<K, V>(name: &'static str, kind: MapType, max_entries: u32, flags: u
 /// Every map of the datapath object, in [`crate::maps::ALL`] order: the one place their
 /// types, sizes and capacities are written down on the Rust side (the header's
 /// `ebpf/lib/maps.h` on the C side; `tests/btf_abi.rs` compares the two).
-pub const MAPS: [MapDef; 11] = [
+pub const MAPS: [MapDef; 13] = [
     def::<aya::maps::lpm_trie::Key<LpmKeyData>, LpmValue>(
         maps::PREFIXES,
         MapType::LpmTrie,
@@ -508,6 +544,13 @@ pub const MAPS: [MapDef; 11] = [
     def::<u32, Flow>(maps::FLOWS, MapType::Array, FLOW_ENTRIES, 0),
     // The window clamp's connections; the programs own it.
     def::<ConnKey, Conn>(maps::CONNS, MapType::LruHash, MAX_CONNS, 0),
+    def::<aya::maps::lpm_trie::Key<Lpm6KeyData>, LpmValue>(
+        maps::PREFIXES6,
+        MapType::LpmTrie,
+        LPM_MAX_ENTRIES,
+        BPF_F_NO_PREALLOC,
+    ),
+    def::<[u8; 16], u32>(maps::POD_IPS6, MapType::Hash, MAX_PODS, 0),
 ];
 
 /// The attachment-key index [`PodKey`] -> slot: userspace creates and pins it next to

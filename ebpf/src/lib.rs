@@ -20,7 +20,8 @@
 //!         name: "trainer-0".into(),
 //!         container_id: "1234abcd".into(),
 //!         ifname: "eth0".into(),
-//!         ip: "10.20.0.5".parse().unwrap(),
+//!         ipv4: Some("10.20.0.5".parse().unwrap()),
+//!         ipv6: Some("fd00:240::5".parse().unwrap()),
 //!     },
 //!     limits: Limits::default(),
 //! })?;
@@ -109,8 +110,12 @@ pub mod maps {
     pub const FLOWS: &str = "an_flows";
     /// LRU hash [`crate::abi::ConnKey`] -> [`crate::abi::Conn`]: the window clamp's connections.
     pub const CONNS: &str = "an_conns";
+    /// LPM trie [`crate::abi::Lpm6KeyData`] -> [`crate::abi::LpmValue`]: the IPv6 prefixes.
+    pub const PREFIXES6: &str = "an_prefixes6";
+    /// Hash pod IPv6 (network order) -> slot.
+    pub const POD_IPS6: &str = "an_pod_ips6";
     /// Every map, in a stable order.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         PREFIXES,
         CONFIG,
         PODS,
@@ -122,5 +127,7 @@ pub mod maps {
         VQUEUE,
         FLOWS,
         CONNS,
+        PREFIXES6,
+        POD_IPS6,
     ];
 }

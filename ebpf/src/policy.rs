@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use aya::maps::lpm_trie::Key;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use tracing::{info, warn};
 
 use crate::{
@@ -26,9 +26,10 @@ use crate::{
 /// What the datapath applies from node policy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodePolicy {
-    /// Destination prefixes with their class (`abi::CLASS_INTERNAL`, `abi::CLASS_BLOCKED`);
-    /// the most specific one wins at lookup, anything unlisted is internet.
-    pub prefixes: Vec<(Ipv4Net, u32)>,
+    /// Destination prefixes of either family with their class (`abi::CLASS_INTERNAL`,
+    /// `abi::CLASS_BLOCKED`); the most specific one of the packet's family wins at lookup,
+    /// anything unlisted is internet.
+    pub prefixes: Vec<(IpNet, u32)>,
     /// bit/s per pod; `None` = unlimited.
     pub pod_internet_egress_rate: Option<u64>,
     /// bit/s for all pods together; `None` = no cap.
@@ -85,7 +86,20 @@ impl Datapath {
                 Err(e) => return Err(DatapathError::map(maps::PREFIXES, e)),
             }
         }
-        Ok(stale.len())
+        let stale6: Vec<Key<abi::Lpm6KeyData>> = self
+            .prefixes6
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.data().gen == gen)
+            .collect();
+        for k in &stale6 {
+            match self.prefixes6.remove(k) {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(DatapathError::map(maps::PREFIXES6, e)),
+            }
+        }
+        Ok(stale.len() + stale6.len())
     }
 
     /// Applies a validated policy without detaching anything or touching counters.
@@ -116,20 +130,29 @@ impl Datapath {
         self.clear_generation(new_gen)?;
         let prefixes = &policy.prefixes;
         for (cidr, class) in prefixes {
-            let key = Key::new(
-                32 + u32::from(cidr.prefix_len()),
-                abi::LpmKeyData::new(new_gen, cidr.network()),
-            );
-            self.prefixes
-                .insert(
-                    &key,
-                    abi::LpmValue {
-                        class: *class,
-                        reserved: 0,
-                    },
-                    0,
-                )
-                .map_err(|e| DatapathError::map(maps::PREFIXES, e))?;
+            let value = abi::LpmValue {
+                class: *class,
+                reserved: 0,
+            };
+            let len = 32 + u32::from(cidr.prefix_len());
+            match cidr {
+                IpNet::V4(n) => self
+                    .prefixes
+                    .insert(
+                        &Key::new(len, abi::LpmKeyData::new(new_gen, n.network())),
+                        value,
+                        0,
+                    )
+                    .map_err(|e| DatapathError::map(maps::PREFIXES, e))?,
+                IpNet::V6(n) => self
+                    .prefixes6
+                    .insert(
+                        &Key::new(len, abi::Lpm6KeyData::new(new_gen, n.network())),
+                        value,
+                        0,
+                    )
+                    .map_err(|e| DatapathError::map(maps::PREFIXES6, e))?,
+            }
         }
         let cfg = abi::Config {
             abi_version: abi::ABI_VERSION,

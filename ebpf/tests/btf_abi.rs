@@ -49,47 +49,53 @@ fn member(name: &str, offset: usize, size: usize) -> Member {
     }
 }
 
-/// `struct an_lpm_key` is aya's `lpm_trie::Key<LpmKeyData>`, whose fields are private: the
-/// offsets are found by writing distinct bytes through its constructor.
-fn lpm_key_mirror() -> Mirror {
+/// `struct an_lpm_key` and `an_lpm6_key` are aya's `lpm_trie::Key<_>`, whose fields are
+/// private: the offsets are found by writing distinct bytes through its constructor.
+fn lpm_key_mirror<K: aya::Pod>(c_name: &'static str, data: K, addr_len: usize) -> Mirror {
     use aya::maps::lpm_trie::Key;
 
-    let key = Key::new(
-        u32::from_ne_bytes([1, 1, 1, 1]),
-        abi::LpmKeyData {
-            gen: u32::from_ne_bytes([2, 2, 2, 2]),
-            addr: [3; 4],
-        },
-    );
-    // SAFETY: Key<LpmKeyData> is repr(C, packed) plain data of size_of bytes.
+    let key = Key::new(u32::from_ne_bytes([1, 1, 1, 1]), data);
+    // SAFETY: Key<K> is repr(C, packed) plain data of size_of bytes.
     let bytes: &[u8] = unsafe {
-        core::slice::from_raw_parts(
-            (&key as *const Key<abi::LpmKeyData>).cast::<u8>(),
-            size_of::<Key<abi::LpmKeyData>>(),
-        )
+        core::slice::from_raw_parts((&key as *const Key<K>).cast::<u8>(), size_of::<Key<K>>())
     };
-    let at = |marker: u8| {
+    let at = |marker: u8, len: usize| {
         let offset = bytes
             .iter()
             .position(|&b| b == marker)
             .expect("field written");
-        assert!(bytes[offset..offset + 4].iter().all(|&b| b == marker));
+        assert!(bytes[offset..offset + len].iter().all(|&b| b == marker));
         offset
     };
     Mirror {
-        c_name: "an_lpm_key",
+        c_name,
         size: bytes.len(),
         fields: vec![
-            member("prefixlen", at(1), 4),
-            member("gen", at(2), 4),
-            member("addr", at(3), 4),
+            member("prefixlen", at(1, 4), 4),
+            member("gen", at(2, 4), 4),
+            member("addr", at(3, addr_len), addr_len),
         ],
     }
 }
 
 fn mirrors() -> Vec<Mirror> {
     vec![
-        lpm_key_mirror(),
+        lpm_key_mirror(
+            "an_lpm_key",
+            abi::LpmKeyData {
+                gen: u32::from_ne_bytes([2, 2, 2, 2]),
+                addr: [3; 4],
+            },
+            4,
+        ),
+        lpm_key_mirror(
+            "an_lpm6_key",
+            abi::Lpm6KeyData {
+                gen: u32::from_ne_bytes([2, 2, 2, 2]),
+                addr: [3; 16],
+            },
+            16,
+        ),
         mirror!("an_lpm_value", abi::LpmValue, [class, reserved]),
         mirror!(
             "an_config",
@@ -107,7 +113,7 @@ fn mirrors() -> Vec<Mirror> {
                 reserved,
             ]
         ),
-        mirror!("an_pod", abi::Pod, [slot, flags, ipv4, reserved]),
+        mirror!("an_pod", abi::Pod, [slot, flags, ipv4, reserved, ipv6]),
         mirror!("an_counter", abi::Counter, [packets, bytes]),
         mirror!("an_pod_counters", abi::PodCounters, [dir, spoofed]),
         mirror!("an_node_counters", abi::NodeCounters, [capped, reserved]),
@@ -133,6 +139,7 @@ fn mirrors() -> Vec<Mirror> {
                 netns,
                 frame,
                 gso_max,
+                ipv6,
             ]
         ),
         mirror!("an_pod_key", abi::PodKey, [container_id, ifname]),
@@ -195,7 +202,7 @@ fn struct_layouts_match_btf() {
 }
 
 /// The C key and value types of each map, so that two structs of one size cannot swap.
-const MAP_TYPES: [(&str, &str, &str); 11] = [
+const MAP_TYPES: [(&str, &str, &str); 13] = [
     ("an_prefixes", "struct an_lpm_key", "struct an_lpm_value"),
     ("an_config", "__u32", "struct an_config"),
     ("an_pods", "__u32", "struct an_pod"),
@@ -207,6 +214,8 @@ const MAP_TYPES: [(&str, &str, &str); 11] = [
     ("an_vqueue", "__u32", "struct an_vqueue"),
     ("an_flows", "__u32", "struct an_flow"),
     ("an_conns", "struct an_conn_key", "struct an_conn"),
+    ("an_prefixes6", "struct an_lpm6_key", "struct an_lpm_value"),
+    ("an_pod_ips6", "__u32[4]", "__u32"),
 ];
 
 #[test]

@@ -96,6 +96,10 @@ mod abi_header {
                 "an_lpm_key",
                 core::mem::size_of::<aya::maps::lpm_trie::Key<LpmKeyData>>(),
             ),
+            (
+                "an_lpm6_key",
+                core::mem::size_of::<aya::maps::lpm_trie::Key<Lpm6KeyData>>(),
+            ),
             ("an_lpm_value", core::mem::size_of::<LpmValue>()),
             ("an_config", core::mem::size_of::<Config>()),
             ("an_pod", core::mem::size_of::<Pod>()),

@@ -98,8 +98,8 @@ fn conn(f: &mut Fixture) -> Option<abi::Conn> {
     let m: HashMap<_, abi::ConnKey, abi::Conn> = f.map(maps::CONNS);
     m.get(
         &abi::ConnKey {
-            pod_addr: POD_IP.octets(),
-            remote_addr: ip("203.0.113.9").octets(),
+            pod_addr: abi::conn_addr(POD_IP.into()),
+            remote_addr: abi::conn_addr(ip("203.0.113.9").into()),
             pod_port: POD_PORT.to_be_bytes(),
             remote_port: REMOTE_PORT.to_be_bytes(),
         },

@@ -28,7 +28,7 @@ fn quoted(s: &str) -> String {
 
 /// The policy as a file that must parse back to it.
 fn print(p: &Policy) -> String {
-    let list = |v: &[ipnet::Ipv4Net]| {
+    let list = |v: &[ipnet::IpNet]| {
         v.iter()
             .map(|c| quoted(&c.to_string()))
             .collect::<Vec<_>>()

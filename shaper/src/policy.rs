@@ -1,12 +1,13 @@
 //! Node policy: `/etc/aliasnet/shaper.toml`.
 //!
 //! ```toml
-//! # Destinations that are "internal" (VNet, pod and service ranges). Everything else is internet.
-//! internal_cidrs = ["10.0.0.0/8", "172.16.0.0/12"]
-//! # Destinations that are dropped (other clusters, ...). Most specific prefix wins across both
-//! # lists; the same prefix in both is blocked.
-//! blocked_cidrs = ["10.99.0.0/16"]
-//! # Adds 169.254.169.254/32 and 168.63.129.16/32 to blocked_cidrs (default true).
+//! # Destinations that are "internal" (VNet, pod and service ranges), IPv4 or IPv6. Everything
+//! # else is internet.
+//! internal_cidrs = ["10.0.0.0/8", "172.16.0.0/12", "fd00::/8"]
+//! # Destinations that are dropped (other clusters, ...). Most specific prefix of the
+//! # address's family wins across both lists; the same prefix in both is blocked.
+//! blocked_cidrs = ["10.99.0.0/16", "fd00:99::/32"]
+//! # Adds the cloud metadata endpoints (CLOUD_METADATA) to blocked_cidrs (default true).
 //! block_cloud_metadata = true
 //! # Default internet-egress limit per pod (bit/s: integer or quantity like "100M"; omit or
 //! # "unlimited" for none). A pod's aliasnet.io/internet-egress-bandwidth annotation overrides it.
@@ -22,7 +23,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
@@ -31,35 +32,38 @@ use aliasnet_ebpf::{
     limits::{check_rate, parse_quantity},
     NodePolicy,
 };
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde::Deserialize;
 
 /// Default location of the node policy.
 pub const DEFAULT_POLICY_PATH: &str = "/etc/aliasnet/shaper.toml";
 
 /// Cloud metadata endpoints blocked unless `block_cloud_metadata = false`: the instance
-/// metadata service (AWS, GCP, Azure IMDS) and Azure's WireServer.
-pub const CLOUD_METADATA: [Ipv4Addr; 2] = [
-    Ipv4Addr::new(169, 254, 169, 254),
-    Ipv4Addr::new(168, 63, 129, 16),
+/// metadata service of AWS, GCP and Azure (169.254.169.254), Azure's WireServer, AWS's IMDS
+/// over IPv6 (`fd00:ec2::254`, on Nitro instances with the IPv6 endpoint enabled) and GCP's
+/// metadata server of IPv6-only instances (`fd20:ce::254`). Azure publishes no IPv6
+/// endpoint for IMDS or the WireServer.
+pub const CLOUD_METADATA: [IpAddr; 4] = [
+    IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+    IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)),
 ];
 
-/// An IPv4 prefix with no host bits set; the messages name what is wrong with it.
-fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
+/// An IPv4 or IPv6 prefix with no host bits set; the messages name what is wrong with it.
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
     let (a, l) = s
         .split_once('/')
-        .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8"))?;
-    if a.contains(':') {
-        return Err(format!("{s:?}: IPv6 is not supported (pods are IPv4 only)"));
-    }
-    let addr: Ipv4Addr = a
+        .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8 or fd00::/8"))?;
+    let addr: IpAddr = a
         .parse()
-        .map_err(|_| format!("{s:?}: {a:?} is not an IPv4 address"))?;
+        .map_err(|_| format!("{s:?}: {a:?} is not an IPv4 or IPv6 address"))?;
     let len: u8 = l
         .parse()
         .map_err(|_| format!("{s:?}: {l:?} is not a prefix length"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
     let net =
-        Ipv4Net::new(addr, len).map_err(|_| format!("{s:?}: prefix length {len} is above 32"))?;
+        IpNet::new(addr, len).map_err(|_| format!("{s:?}: prefix length {len} is above {max}"))?;
     if net.network() != addr {
         return Err(format!(
             "{s:?}: {addr}/{len} has host bits set (did you mean {}?)",
@@ -73,9 +77,9 @@ fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
 /// applies ([`NodePolicy`], prefixes with their class).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
-    pub internal_cidrs: Vec<Ipv4Net>,
+    pub internal_cidrs: Vec<IpNet>,
     /// As configured, without the cloud metadata defaults.
-    pub blocked_cidrs: Vec<Ipv4Net>,
+    pub blocked_cidrs: Vec<IpNet>,
     pub block_cloud_metadata: bool,
     /// Rates, uplink and namespaces as configured, and every prefix with its class.
     pub datapath: NodePolicy,
@@ -151,7 +155,7 @@ fn rate(field: &str, raw: &RawRate) -> Result<Option<u64>, String> {
     Ok(Some(v))
 }
 
-fn cidrs(field: &str, raw: &[String]) -> Result<Vec<Ipv4Net>, String> {
+fn cidrs(field: &str, raw: &[String]) -> Result<Vec<IpNet>, String> {
     raw.iter()
         .enumerate()
         .map(|(i, s)| parse_cidr(s.trim()).map_err(|e| format!("{field}[{i}]: {e}")))
@@ -172,8 +176,8 @@ fn valid_namespace(name: &str) -> bool {
 impl Policy {
     /// The policy of these lists and settings; `datapath.prefixes` is derived here.
     fn new(
-        internal_cidrs: Vec<Ipv4Net>,
-        blocked_cidrs: Vec<Ipv4Net>,
+        internal_cidrs: Vec<IpNet>,
+        blocked_cidrs: Vec<IpNet>,
         block_cloud_metadata: bool,
         datapath: NodePolicy,
     ) -> Self {
@@ -260,9 +264,10 @@ impl Policy {
         Ok(policy)
     }
 
-    /// The classifier's view: every prefix with its class. The most specific prefix wins at
-    /// lookup time; a prefix listed as both internal and blocked is blocked.
-    pub fn prefixes(&self) -> BTreeMap<Ipv4Net, u32> {
+    /// The classifier's view: every prefix with its class. The most specific prefix of the
+    /// address's family wins at lookup time; a prefix listed as both internal and blocked is
+    /// blocked.
+    pub fn prefixes(&self) -> BTreeMap<IpNet, u32> {
         let mut out = BTreeMap::new();
         for c in &self.internal_cidrs {
             out.insert(*c, abi::CLASS_INTERNAL);
@@ -272,7 +277,7 @@ impl Policy {
         } else {
             &[]
         };
-        let metadata = metadata.iter().map(|a| Ipv4Net::from(*a));
+        let metadata = metadata.iter().map(|a| IpNet::from(*a));
         for c in self.blocked_cidrs.iter().copied().chain(metadata) {
             out.insert(c, abi::CLASS_BLOCKED);
         }
@@ -280,7 +285,8 @@ impl Policy {
     }
 
     /// Reference classification of an address, as the eBPF programs do it.
-    pub fn classify(&self, ip: Ipv4Addr) -> u32 {
+    pub fn classify(&self, ip: impl Into<IpAddr>) -> u32 {
+        let ip = ip.into();
         self.prefixes()
             .iter()
             .filter(|(c, _)| c.contains(&ip))
@@ -318,8 +324,8 @@ mod tests {
         assert_eq!(d.internet_rate_for("research"), Some(1_000_000_000));
         assert_eq!(d.internet_rate_for("batch"), None);
         assert_eq!(d.internet_rate_for("default"), Some(100_000_000));
-        // Four distinct prefixes (one is in both lists) and the two metadata endpoints.
-        assert_eq!(d.prefixes.len(), 6);
+        // Four distinct prefixes (one is in both lists) and the four metadata endpoints.
+        assert_eq!(d.prefixes.len(), 8);
     }
 
     #[test]
@@ -337,12 +343,41 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_cidrs_in_every_list_classify_by_their_family() {
+        let p = Policy::parse(
+            r#"
+            internal_cidrs = ["10.0.0.0/8", "fd00::/8", "2001:db8:ff::/48"]
+            blocked_cidrs = ["fd00:99::/32", "2001:db8:ff:1::/64"]
+            "#,
+        )
+        .unwrap();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(p.classify(ip("fd00:240:1::5")), abi::CLASS_INTERNAL);
+        assert_eq!(p.classify(ip("fd00:99::1")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("2001:db8:ff:2::1")), abi::CLASS_INTERNAL);
+        // Longest prefix wins, within IPv6 as within IPv4.
+        assert_eq!(p.classify(ip("2001:db8:ff:1::9")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("2001:db8::10")), abi::CLASS_INTERNET);
+        // The families do not mix: ::ffff:10.0.0.1 is an IPv6 address outside fd00::/8.
+        assert_eq!(p.classify(ip("::ffff:10.0.0.1")), abi::CLASS_INTERNET);
+        assert_eq!(p.classify(ip("fd00:ec2::254")), abi::CLASS_BLOCKED);
+        assert_eq!(p.classify(ip("fd20:ce::254")), abi::CLASS_BLOCKED);
+        let v6 = p
+            .datapath
+            .prefixes
+            .iter()
+            .filter(|(n, _)| matches!(n, IpNet::V6(_)));
+        // Four listed and the two IPv6 metadata endpoints.
+        assert_eq!(v6.count(), 6);
+    }
+
+    #[test]
     fn metadata_blocking_can_be_disabled() {
         let p = Policy::parse("block_cloud_metadata = false").unwrap();
         assert!(p.prefixes().is_empty());
         let p = Policy::parse("").unwrap();
         assert_eq!(p, Policy::default());
-        assert_eq!(p.prefixes().len(), 2);
+        assert_eq!(p.prefixes().len(), 4);
     }
 
     #[test]
@@ -354,8 +389,13 @@ mod tests {
                 r#"blocked_cidrs = ["1.2.3.0/24", "nonsense"]"#,
                 "blocked_cidrs[1]",
             ),
-            (r#"blocked_cidrs = ["fd00::/8"]"#, "IPv6"),
+            (r#"blocked_cidrs = ["fd00::1/8"]"#, "host bits"),
             (r#"internal_cidrs = ["10.0.0.0/33"]"#, "above 32"),
+            (r#"internal_cidrs = ["fd00::/129"]"#, "above 128"),
+            (
+                r#"internal_cidrs = ["fd00::g/16"]"#,
+                "not an IPv4 or IPv6 address",
+            ),
             (
                 r#"pod_internet_egress_rate = "fast""#,
                 "pod_internet_egress_rate",

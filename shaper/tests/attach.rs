@@ -110,7 +110,7 @@ fn counters_match_pings_exactly() {
         .expect("attached");
     assert_eq!(rec.namespace(), "team-a");
     assert_eq!(rec.name(), "trainer-0");
-    assert_eq!(rec.ip().to_string(), POD_IP);
+    assert_eq!(rec.addresses(), POD_IP);
     assert_eq!(rec.host_ifname(), "vh1");
     let k = rec.counters;
     assert_eq!(k.get(Direction::Egress, Class::Internet), c(10));
@@ -374,7 +374,7 @@ fn key_index_survives_loss_and_stale_entries() {
     let mut other = f.attachment(Limits::default());
     other.host_ifname = "vh2".to_owned();
     other.identity.container_id = "second".to_owned();
-    other.identity.ip = "10.20.0.6".parse().unwrap();
+    other.identity.ipv4 = Some("10.20.0.6".parse().unwrap());
     let b = f.in_node(|| dp.attach_pod(&other)).expect("attach second");
     assert_ne!(a.slot, b.slot);
     assert_eq!(dp.pod("second", "eth0").unwrap().unwrap().slot, b.slot);

@@ -40,7 +40,7 @@ fn counters_match_known_traffic_per_pod_direction_and_class() {
     let rec = n.record(&a);
     assert_eq!(rec.namespace(), "test");
     assert_eq!(rec.name(), "a");
-    assert_eq!(rec.ip(), a.ip);
+    assert_eq!(rec.ipv4(), Some(a.ip));
     assert_eq!(
         rec.host_ifname(),
         a.result["interfaces"][0]["name"].as_str().unwrap()

@@ -154,7 +154,8 @@ impl Bench {
                 name: "pod-0".to_owned(),
                 container_id: CONTAINER_ID.to_owned(),
                 ifname: "eth0".to_owned(),
-                ip: POD_IP.parse()?,
+                ipv4: Some(POD_IP.parse()?),
+                ipv6: None,
             },
             limits,
         };

@@ -147,7 +147,8 @@ pub fn identity(args: &CniArgs, env: &AttachEnv, ip: Ipv4Addr) -> PodIdentity {
             .unwrap_or_else(|| env.container_id.clone()),
         container_id: env.container_id.clone(),
         ifname: env.ifname.clone(),
-        ip,
+        ipv4: Some(ip),
+        ipv6: None,
     }
 }
 
@@ -293,10 +294,10 @@ pub fn check(
             rec.meta.host_ifindex
         ));
     }
-    if rec.ip() != ip {
+    if rec.ipv4() != Some(ip) {
         p.push(format!(
             "datapath attachment (slot {slot}) records {}, prevResult says {ip}",
-            rec.ip()
+            rec.addresses()
         ));
     }
     p.extend(dp.hooks_of(&rec).problems(&rec));

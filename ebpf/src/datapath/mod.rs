@@ -24,7 +24,10 @@ pub mod install;
 pub mod pins;
 pub(crate) mod specs;
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues};
 
@@ -37,9 +40,11 @@ use specs::{check_abi_version, check_spec};
 pub struct Datapath {
     pub(crate) pins: PinPaths,
     pub(crate) prefixes: LpmTrie<MapData, abi::LpmKeyData, abi::LpmValue>,
+    pub(crate) prefixes6: LpmTrie<MapData, abi::Lpm6KeyData, abi::LpmValue>,
     pub(crate) config: Array<MapData, abi::Config>,
     pub(crate) pods: HashMap<MapData, u32, abi::Pod>,
     pub(crate) pod_ips: HashMap<MapData, [u8; 4], u32>,
+    pub(crate) pod_ips6: HashMap<MapData, [u8; 16], u32>,
     pub(crate) counters: PerCpuArray<MapData, abi::PodCounters>,
     pub(crate) node_counters: PerCpuArray<MapData, abi::NodeCounters>,
     pub(crate) meta: Array<MapData, abi::PodMeta>,
@@ -83,12 +88,19 @@ impl Datapath {
         let meta = typed(maps::POD_META, Map::Array(next()))?;
         let ns_rates = typed(maps::NS_RATES, Map::HashMap(next()))?;
         let vqueue = typed(maps::VQUEUE, Map::Array(next()))?;
+        // an_flows and an_conns belong to the programs.
+        let _flows = next();
+        let _conns = next();
+        let prefixes6 = typed(maps::PREFIXES6, Map::LpmTrie(next()))?;
+        let pod_ips6 = typed(maps::POD_IPS6, Map::HashMap(next()))?;
         let index = index::open_or_create(&pins, &meta)?;
         let dp = Self {
             prefixes,
+            prefixes6,
             config,
             pods,
             pod_ips,
+            pod_ips6,
             counters,
             node_counters,
             meta,
@@ -157,8 +169,9 @@ impl Datapath {
         Ok(total)
     }
 
-    /// The classifier's prefixes of the active generation, as `(prefix, len, class)`.
-    pub fn active_prefixes(&self) -> Result<Vec<(Ipv4Addr, u8, u32)>, DatapathError> {
+    /// The classifier's prefixes of the active generation, both families (IPv4 first), as
+    /// `(prefix, len, class)`.
+    pub fn active_prefixes(&self) -> Result<Vec<(IpAddr, u8, u32)>, DatapathError> {
         let gen = self.config()?.active_gen;
         let mut out = Vec::new();
         for k in self.prefixes.keys() {
@@ -171,7 +184,22 @@ impl Datapath {
                 .get(&k, 0)
                 .map_err(|e| DatapathError::map(maps::PREFIXES, e))?;
             out.push((
-                Ipv4Addr::from(k.data().addr),
+                IpAddr::V4(Ipv4Addr::from(k.data().addr)),
+                (k.prefix_len() - 32) as u8,
+                v.class,
+            ));
+        }
+        for k in self.prefixes6.keys() {
+            let k = k.map_err(|e| DatapathError::map(maps::PREFIXES6, e))?;
+            if k.data().gen != gen {
+                continue;
+            }
+            let v = self
+                .prefixes6
+                .get(&k, 0)
+                .map_err(|e| DatapathError::map(maps::PREFIXES6, e))?;
+            out.push((
+                IpAddr::V6(Ipv6Addr::from(k.data().addr)),
                 (k.prefix_len() - 32) as u8,
                 v.class,
             ));

@@ -119,9 +119,17 @@ impl Datapath {
                 reason: "must not be empty".to_owned(),
             });
         }
+        if id.ipv4.is_none_or(|a| a.is_unspecified()) && id.ipv6.is_none_or(|a| a.is_unspecified())
+        {
+            return Err(DatapathError::InvalidArgument {
+                field: "ip",
+                reason: "the pod needs an IPv4 or an IPv6 address".to_owned(),
+            });
+        }
         let mut meta = abi::PodMeta {
             flags: abi::META_IN_USE,
-            ipv4: id.ip.octets(),
+            ipv4: id.ipv4.map_or([0; 4], |a| a.octets()),
+            ipv6: id.ipv6.map_or([0; 16], |a| a.octets()),
             k8s_namespace: fixed("namespace", &id.namespace)?,
             k8s_name: fixed("name", &id.name)?,
             container_id: fixed("container_id", &id.container_id)?,
@@ -251,13 +259,21 @@ impl Datapath {
                     },
                     ipv4: meta.ipv4,
                     reserved: 0,
+                    ipv6: meta.ipv6,
                 },
                 0,
             )
             .map_err(|e| DatapathError::map(maps::PODS, e))?;
-        self.pod_ips
-            .insert(meta.ipv4, slot, 0)
-            .map_err(|e| DatapathError::map(maps::POD_IPS, e))?;
+        if meta.ipv4 != [0; 4] {
+            self.pod_ips
+                .insert(meta.ipv4, slot, 0)
+                .map_err(|e| DatapathError::map(maps::POD_IPS, e))?;
+        }
+        if meta.ipv6 != [0; 16] {
+            self.pod_ips6
+                .insert(meta.ipv6, slot, 0)
+                .map_err(|e| DatapathError::map(maps::POD_IPS6, e))?;
+        }
 
         // Host veth: classify, count and drop blocked traffic in both directions.
         let mut rt = Rtnl::new()?;

@@ -125,6 +125,15 @@ impl Datapath {
                 }
             }
         }
+        if let Ok(s) = self.pod_ips6.get(&meta.ipv6, 0) {
+            if s == slot {
+                if let Err(e) = self.pod_ips6.remove(&meta.ipv6) {
+                    if !is_not_found(&e) {
+                        errors.push(DatapathError::map(maps::POD_IPS6, e));
+                    }
+                }
+            }
+        }
         match self.meta.set(slot, abi::PodMeta::default(), 0) {
             Ok(()) => {
                 let key = PodKey::of(meta);

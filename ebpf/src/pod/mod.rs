@@ -29,7 +29,10 @@ mod check;
 mod detach;
 mod record;
 
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use crate::{
     abi, error::DatapathError, htb::meta_frame, limits::Limits, netlink::TcStats, programs,
@@ -49,8 +52,10 @@ pub struct PodIdentity {
     pub container_id: String,
     /// `CNI_IFNAME`: the pod-side interface.
     pub ifname: String,
-    /// The pod's IPv4 address.
-    pub ip: Ipv4Addr,
+    /// The pod's IPv4 address, if it has one.
+    pub ipv4: Option<Ipv4Addr>,
+    /// The pod's IPv6 address, if it has one. A pod has at least one of the two.
+    pub ipv6: Option<Ipv6Addr>,
 }
 
 /// Everything `attach_pod` needs.
@@ -105,8 +110,19 @@ impl PodRecord {
     pub fn host_ifname(&self) -> String {
         abi::cstr(&self.meta.host_ifname)
     }
-    pub fn ip(&self) -> Ipv4Addr {
-        Ipv4Addr::from(self.meta.ipv4)
+    /// The pod's IPv4 address, if it has one.
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        Some(Ipv4Addr::from(self.meta.ipv4)).filter(|a| !a.is_unspecified())
+    }
+    /// The pod's IPv6 address, if it has one.
+    pub fn ipv6(&self) -> Option<Ipv6Addr> {
+        Some(Ipv6Addr::from(self.meta.ipv6)).filter(|a| !a.is_unspecified())
+    }
+    /// The pod's addresses for display, IPv4 first, comma-separated (`10.0.0.5,fd00::5`).
+    pub fn addresses(&self) -> String {
+        let v4 = self.ipv4().map(|a| a.to_string());
+        let v6 = self.ipv6().map(|a| a.to_string());
+        v4.into_iter().chain(v6).collect::<Vec<_>>().join(",")
     }
     /// The largest frame of the pod's veth, bytes: what its shaping sizes derive from.
     pub fn frame(&self) -> u64 {

@@ -83,7 +83,8 @@ impl Fabric {
                 name: "trainer-0".to_owned(),
                 container_id: CONTAINER_ID.to_owned(),
                 ifname: "eth0".to_owned(),
-                ip: POD_IP.parse().expect("pod ip"),
+                ipv4: Some(POD_IP.parse().expect("pod ip")),
+                ipv6: None,
             },
             limits,
         }
