@@ -9,7 +9,11 @@
 //!
 //! ```sh
 //! target/release/aliasnet-bench cni --runs 3 --out bench-results/cni.md
+//! target/release/aliasnet-bench cni --stack dual --runs 3 --out bench-results/cni-dual.md
 //! ```
+//!
+//! `--stack dual` gives every pod an IPv4 and an IPv6 address: the node's ipamd serves an
+//! IPv4 and an IPv6 pool, and the reference `host-local` has two ranges (one per family).
 
 use std::{
     collections::BTreeMap,
@@ -21,7 +25,7 @@ use std::{
 
 use aliasnet_tests::{
     cni::{invoke, plugin_config, Invocation, Outcome},
-    fabric::{Fabric, FabricOpts},
+    fabric::{Fabric, FabricOpts, Stack, DUAL_STACK_POLICY},
     netns::Netns,
 };
 use anyhow::{bail, Context, Result};
@@ -52,6 +56,17 @@ pub struct Args {
     /// Raw samples.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Address families of every pod, for both chains.
+    #[arg(long, value_enum, default_value_t = StackArg::Ipv4)]
+    stack: StackArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackArg {
+    /// One IPv4 address per pod.
+    Ipv4,
+    /// One IPv4 and one IPv6 address per pod.
+    Dual,
 }
 
 #[derive(Clone)]
@@ -59,6 +74,15 @@ struct Chain {
     label: &'static str,
     conflist: Value,
     cni_path: String,
+    /// What every ADD result must hold: (IPv4 addresses, IPv6 addresses).
+    families: (usize, usize),
+}
+
+/// How many IPv4 and IPv6 addresses a CNI result's `ips` holds.
+fn families_of(result: &Value) -> (usize, usize) {
+    let ips = aliasnet_tests::fabric::result_ips(result);
+    let v4 = ips.iter().filter(|a| a.is_ipv4()).count();
+    (v4, ips.len() - v4)
 }
 
 #[derive(Default, Serialize, Clone)]
@@ -123,6 +147,14 @@ fn add(chain: &Chain, pod: &Netns, cid: &str, s: &Mutex<Samples>) -> Option<Valu
         prev = out.json();
     }
     record(s, "ADD", start.elapsed());
+    // A chain that fails to give the pod its addresses must not pass as a fast one.
+    let families = prev.as_ref().map(families_of).unwrap_or_default();
+    if families != chain.families {
+        s.lock().unwrap().errors.push(format!(
+            "ADD {cid}: (IPv4, IPv6) addresses {families:?}, want {:?}: {prev:?}",
+            chain.families
+        ));
+    }
     prev
 }
 
@@ -278,11 +310,20 @@ pub fn run(args: Args) -> Result<()> {
         bail!("aliasnet-bench cni needs root (it creates network namespaces)");
     }
     let bin = aliasnet_tests::bin_dir();
-    // Production-like daemon: default cooldown, a /16 pool so 3 runs of 250 pods never cycle.
+    let dual = args.stack == StackArg::Dual;
+    // Production-like daemon: default cooldown, a /16 pool (and a /112 in IPv6: 65536
+    // addresses) so 3 runs of 250 pods never cycle.
     let fabric = Fabric::new(FabricOpts {
         nodes: 1,
         cooldown: "130s".into(),
         pool: Some(r#"cidrs = ["10.241.0.0/16"]"#.into()),
+        pool6: Some(r#"cidrs = ["fd00:241::/112"]"#.into()),
+        stack: if dual { Stack::Dual } else { Stack::Ipv4 },
+        shaper_policy: if dual {
+            DUAL_STACK_POLICY.into()
+        } else {
+            FabricOpts::default().shaper_policy
+        },
         plugin_extra: json!({"logLevel": "info"}),
         ..Default::default()
     })?;
@@ -295,33 +336,50 @@ pub fn run(args: Args) -> Result<()> {
     // the same plugin with the eBPF datapath switched off.
     let mut ours_plain = ours.clone();
     ours_plain["plugins"][0]["datapath"] = json!("off");
-    let reference = json!({
+    let mut reference = json!({
         "cniVersion": "1.0.0",
         "name": "bench-ptp",
         "plugins": [{"type": "ptp", "ipMasq": false, "mtu": 1400,
             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.215.0.0/16", "gateway": "10.215.0.1"}]],
                      "routes": [{"dst": "0.0.0.0/0"}]}}]
     });
+    if dual {
+        // host-local: one range set per family, so each pod gets one address of each.
+        let ipam = &mut reference["plugins"][0]["ipam"];
+        ipam["ranges"]
+            .as_array_mut()
+            .expect("ranges")
+            .push(json!([{"subnet": "fd00:215::/64", "gateway": "fd00:215::1"}]));
+        ipam["routes"]
+            .as_array_mut()
+            .expect("routes")
+            .push(json!({"dst": "::/0"}));
+    }
+    let families = (1, usize::from(dual));
     let chains = [
         Chain {
             label: "ptp+host-local",
             conflist: reference,
             cni_path: args.reference_dir.display().to_string(),
+            families,
         },
         Chain {
             label: "aliasnet",
             conflist: ours,
             cni_path: bin.display().to_string(),
+            families,
         },
         Chain {
             label: "aliasnet (sync teardown)",
             conflist: ours_sync,
             cni_path: bin.display().to_string(),
+            families,
         },
         Chain {
             label: "aliasnet (datapath off)",
             conflist: ours_plain,
             cni_path: bin.display().to_string(),
+            families,
         },
     ];
     let _ = std::fs::remove_dir_all("/var/lib/cni/networks/bench-ptp");
@@ -403,8 +461,9 @@ fn render(records: &[RunRecord], args: &Args) -> String {
     let med = |v: &Vec<[f64; 3]>, i: usize| median(&mut v.iter().map(|x| x[i]).collect::<Vec<_>>());
     let mut out = String::new();
     out.push_str(&format!(
-        "Medians over {} runs of each run's percentile (ms). Sequential: {} pods ADD, CHECK, DEL; parallel: {} pods, {} at a time.\n\n",
-        args.runs, args.pods, args.parallel_pods, args.parallel
+        "Medians over {} runs of each run's percentile (ms). Sequential: {} pods ADD, CHECK, DEL; parallel: {} pods, {} at a time. Pods: {}.\n\n",
+        args.runs, args.pods, args.parallel_pods, args.parallel,
+        if args.stack == StackArg::Dual { "dual-stack (one IPv4 and one IPv6 address)" } else { "IPv4" }
     ));
     out.push_str("| phase | op | chain | p50 | p90 | p99 |\n|---|---|---|---|---|---|\n");
     for ((phase, op, chain), v) in &cells {
