@@ -45,7 +45,7 @@ impl Progress {
             ));
         };
         match call.join() {
-            Ok(Ok(Response::Allocated { lease })) => {
+            Ok(Ok(Response::Allocated { lease, .. })) => {
                 self.lease = LeaseState::Held;
                 Ok(lease)
             }
@@ -110,6 +110,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
         },
         pool: conf.pool.clone(),
         host_veth: Some(host_veth.clone()),
+        families: None,
     };
     let mut progress = Progress {
         alloc: Some(std::thread::spawn(move || client.call(&req))),
@@ -250,7 +251,15 @@ async fn attach(
         }
         (Pair::Created, None) => unreachable!("a created pair is always finished"),
     };
-    let ip = lease.address;
+    let IpAddr::V4(ip) = lease.address else {
+        return Err(CniError::new(
+            code::IPAM_ERROR,
+            format!(
+                "aliasnet-ipamd leased {} for {host_veth}, but this plugin wires only IPv4 addresses",
+                lease.address
+            ),
+        ));
+    };
 
     let h_mac = hlink.mac.ok_or_else(|| {
         CniError::new(

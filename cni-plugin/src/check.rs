@@ -77,12 +77,12 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
     problems.extend(datapath::check(conf, &env.container_id, ifname, &veth, ip)?);
 
     match ipam::call(conf, &Request::Check { key: key.clone() }) {
-        Ok(Response::Lease { lease: Some(l) }) if l.address == ip => {}
-        Ok(Response::Lease { lease: Some(l) }) => problems.push(format!(
+        Ok(Response::Lease { lease: Some(l), .. }) if l.address == ip => {}
+        Ok(Response::Lease { lease: Some(l), .. }) => problems.push(format!(
             "IPAM reservation for {key} holds {}, prevResult says {ip}",
             l.address
         )),
-        Ok(Response::Lease { lease: None }) => {
+        Ok(Response::Lease { lease: None, .. }) => {
             problems.push(format!("IPAM reservation for {key} ({ip}) missing"))
         }
         Ok(other) => return Err(ipam::unexpected("CHECK", &other)),

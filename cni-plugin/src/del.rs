@@ -72,14 +72,14 @@ fn release_own(
     conf: &NetConf,
     key: &AttachmentKey,
     teardown: Option<&str>,
-) -> Result<Option<std::net::Ipv4Addr>, ClientError> {
+) -> Result<Option<std::net::IpAddr>, ClientError> {
     let unexpected = |what: &str, r: &Response| ClientError::Protocol {
         path: conf.ipam_socket.clone(),
         source: FrameError::Unexpected(format!("{what} answered with {r:?}")),
     };
     let mut c = ipam::connect(conf)?;
     let lease = match c.call(&Request::Check { key: key.clone() })? {
-        Response::Lease { lease } => lease,
+        Response::Lease { lease, .. } => lease,
         other => return Err(unexpected("CHECK", &other)),
     };
     let Some(lease) = lease else {

@@ -8,13 +8,13 @@
 //! claims; a decoded request encodes and decodes back to itself and agrees with serde's own
 //! decoding of the type; a request whose names pass validation encodes its key losslessly.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aliasnet_fuzz::{alloc, config, corpus, mutated, nested, text, Bytes, JSON_DICT};
 use aliasnet_ipam::lease;
 use aliasnet_ipam_proto::{
     frame::{self, FrameError, MAX_FRAME},
-    Attachment, AttachmentKey, LeaseRef, PodRef, Request, Response,
+    Attachment, AttachmentKey, Family, LeaseRef, PodRef, Request, Response,
 };
 use proptest::prelude::*;
 
@@ -210,8 +210,18 @@ fn veth() -> impl Strategy<Value = Option<String>> {
     proptest::option::of(prop_oneof![3 => "ali[0-9a-f]{12}", 1 => text()])
 }
 
-fn addr() -> impl Strategy<Value = Ipv4Addr> {
-    any::<u32>().prop_map(Ipv4Addr::from)
+fn addr() -> impl Strategy<Value = IpAddr> {
+    prop_oneof![
+        any::<u32>().prop_map(|a| IpAddr::V4(Ipv4Addr::from(a))),
+        any::<u128>().prop_map(|a| IpAddr::V6(Ipv6Addr::from(a))),
+    ]
+}
+
+fn families() -> impl Strategy<Value = Option<Vec<Family>>> {
+    proptest::option::of(proptest::collection::vec(
+        prop_oneof![Just(Family::Ipv4), Just(Family::Ipv6)],
+        0..3,
+    ))
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -224,20 +234,22 @@ fn request() -> impl Strategy<Value = Request> {
             opt_text(),
             opt_text(),
             opt_text(),
-            veth()
+            veth(),
+            families()
         )
-            .prop_map(
-                |(key, namespace, name, uid, pool, host_veth)| Request::Allocate {
+            .prop_map(|(key, namespace, name, uid, pool, host_veth, families)| {
+                Request::Allocate {
                     key,
                     pod: PodRef {
                         namespace,
                         name,
-                        uid
+                        uid,
                     },
                     pool,
                     host_veth,
+                    families,
                 }
-            ),
+            }),
         (key(), veth()).prop_map(|(key, teardown_link)| Request::Release { key, teardown_link }),
         (key(), veth(), addr(), u64s.clone()).prop_map(|(key, teardown_link, address, at)| {
             Request::ReleaseLease {

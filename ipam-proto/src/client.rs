@@ -127,9 +127,9 @@ impl Client {
     /// One page of leases above `after` in address order, and where the next page starts.
     pub fn list_page(
         &mut self,
-        after: Option<std::net::Ipv4Addr>,
+        after: Option<std::net::IpAddr>,
         limit: Option<u32>,
-    ) -> Result<(Vec<Lease>, Option<std::net::Ipv4Addr>), ClientError> {
+    ) -> Result<(Vec<Lease>, Option<std::net::IpAddr>), ClientError> {
         match self.call(&Request::ListPage { after, limit })? {
             Response::LeasePage { leases, next } => Ok((leases, next)),
             other => Err(self.unexpected("ListPage", &other)),

@@ -16,7 +16,7 @@ use serde::{
 
 use crate::{
     frame::FrameError,
-    msg::{Attachment, AttachmentKey, LeaseRef, PodRef, Request, PROTOCOL_VERSION},
+    msg::{Attachment, AttachmentKey, Family, LeaseRef, PodRef, Request, PROTOCOL_VERSION},
 };
 
 /// The operations, as named on the wire.
@@ -136,6 +136,8 @@ struct AllocateBody {
     pool: Option<String>,
     #[serde(default)]
     host_veth: Option<String>,
+    #[serde(default)]
+    families: Option<Vec<Family>>,
 }
 
 #[derive(Deserialize)]
@@ -161,7 +163,7 @@ struct KeyBody {
 #[derive(Deserialize)]
 struct ListPageBody {
     #[serde(default)]
-    after: Option<std::net::Ipv4Addr>,
+    after: Option<std::net::IpAddr>,
     #[serde(default)]
     limit: Option<u32>,
 }
@@ -212,6 +214,7 @@ pub(crate) fn request(b: &[u8]) -> Result<Request, FrameError> {
                 pod: a.pod,
                 pool: a.pool,
                 host_veth: a.host_veth,
+                families: a.families,
             }
         }
         Op::Release => {

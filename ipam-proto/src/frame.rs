@@ -134,12 +134,14 @@ mod tests {
                 },
                 pool: Some("pool".into()),
                 host_veth: Some("ali0123456789ab".into()),
+                families: Some(vec![crate::msg::Family::Ipv4, crate::msg::Family::Ipv6]),
             },
             Request::Allocate {
                 key: key.clone(),
                 pod: PodRef::default(),
                 pool: None,
                 host_veth: None,
+                families: None,
             },
             Request::Release {
                 key: key.clone(),
@@ -157,6 +159,14 @@ mod tests {
                     allocated_at_ms: 42,
                 },
             },
+            Request::ReleaseLease {
+                key: key.clone(),
+                teardown_link: None,
+                lease: crate::msg::LeaseRef {
+                    address: "fd00:240::7".parse().unwrap(),
+                    allocated_at_ms: 42,
+                },
+            },
             Request::Check { key },
             Request::List,
             Request::ListPage {
@@ -165,6 +175,10 @@ mod tests {
             },
             Request::ListPage {
                 after: None,
+                limit: None,
+            },
+            Request::ListPage {
+                after: Some("fd00:240::1".parse().unwrap()),
                 limit: None,
             },
             Request::Gc {

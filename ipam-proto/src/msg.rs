@@ -3,7 +3,7 @@
 //! JSON on the wire: the messages are small, the cost is dwarfed by the fsync behind every
 //! mutating call, and an operator can read a capture.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -47,11 +47,48 @@ pub struct PodRef {
     pub uid: Option<String>,
 }
 
+/// An address family. A key holds at most one lease per family.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    #[default]
+    Ipv4,
+    Ipv6,
+}
+
+impl Family {
+    /// Both families, IPv4 first (the order leases of one key are reported in).
+    pub const ALL: [Family; 2] = [Family::Ipv4, Family::Ipv6];
+
+    pub fn of(addr: IpAddr) -> Self {
+        match addr {
+            IpAddr::V4(_) => Self::Ipv4,
+            IpAddr::V6(_) => Self::Ipv6,
+        }
+    }
+
+    /// The name used on the wire and in configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ipv4 => "ipv4",
+            Self::Ipv6 => "ipv6",
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One live reservation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub key: AttachmentKey,
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub pool: String,
     #[serde(default)]
     pub pod: PodRef,
@@ -70,12 +107,18 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+impl Lease {
+    pub fn family(&self) -> Family {
+        Family::of(self.address)
+    }
+}
+
 /// Which lease of a key a [`Request::ReleaseLease`] means: a key that is released and
 /// allocated again gets another lease, with another allocation time (and, while the first
 /// address cools down, another address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRef {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub allocated_at_ms: u64,
 }
 
@@ -98,18 +141,23 @@ pub struct Attachment {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Reserve an address for `key`; idempotent: the same key gets the same lease back.
+    /// Reserve addresses for `key`, one per family; idempotent: the same key gets the same
+    /// leases back. All or nothing: when one family cannot be served, nothing is allocated.
     Allocate {
         key: AttachmentKey,
         #[serde(default)]
         pod: PodRef,
-        /// Restrict to one named pool; any pool when absent.
+        /// Restrict that pool's family to the named pool; any pool when absent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pool: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         host_veth: Option<String>,
+        /// The families wanted, each exactly once. `None`: every family the node has an
+        /// eligible pool for (what clients older than this field get).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        families: Option<Vec<Family>>,
     },
-    /// Release the lease of `key` (no error if there is none). When `teardown_link` is set the
+    /// Release every lease of `key` (no error if there is none). When `teardown_link` is set the
     /// daemon also deletes that host interface after replying: unregistering a veth costs the
     /// kernel ~20 ms of RCU grace periods that need not sit on the runtime's critical path.
     Release {
@@ -117,8 +165,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         teardown_link: Option<String>,
     },
-    /// Release the lease of `key` only if it is still the one `lease` identifies (address and
-    /// allocation time, as Check or Allocate returned them): a release that arrives late (its
+    /// Release the leases of `key` only if they are still the ones `lease` identifies (one of
+    /// their addresses and their common allocation time, as Check or Allocate returned them): a release that arrives late (its
     /// DEL timed out and a later ADD of the same key got a new lease) releases and deletes
     /// nothing and is answered `Released { address: None }`. Otherwise as
     /// [`Request::Release`]. Daemons older than this operation answer `BadRequest` (unknown
@@ -129,9 +177,9 @@ pub enum Request {
         teardown_link: Option<String>,
         lease: LeaseRef,
     },
-    /// Look up the lease of `key`.
+    /// Look up the leases of `key`.
     Check { key: AttachmentKey },
-    /// Every lease, sorted by address. Answered with an `Internal` error when the reply would
+    /// Every lease, sorted by address (IPv4 before IPv6). Answered with an `Internal` error when the reply would
     /// exceed the frame limit (more than ~20,000 leases): use [`Request::ListPage`].
     List,
     /// One page of leases in address order: those with an address above `after` (from the
@@ -142,7 +190,7 @@ pub enum Request {
     /// the whole walk appears exactly once.
     ListPage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        after: Option<Ipv4Addr>,
+        after: Option<IpAddr>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<u32>,
     },
@@ -183,6 +231,9 @@ pub const RECORDED_CODE_MAX: u32 = 999;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
     pub name: String,
+    /// Family of every address of the pool.
+    #[serde(default)]
+    pub family: Family,
     pub source: String,
     pub total: u64,
     pub allocated: u64,
@@ -248,17 +299,25 @@ pub struct ReconcileStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Response {
+    /// `lease` is the IPv4 lease when there is one, else the IPv6 one; `more` holds the
+    /// other family's. All leases of one Allocate share `allocated_at_ms`.
     Allocated {
         lease: Lease,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        more: Vec<Lease>,
     },
     Released {
-        /// The address freed, or `None` when `key` held nothing.
+        /// The address freed (the IPv4 one when the key held both), or `None` when `key`
+        /// held nothing.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        address: Option<Ipv4Addr>,
+        address: Option<IpAddr>,
     },
+    /// Answer to Check, ordered as [`Response::Allocated`].
     Lease {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lease: Option<Lease>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        more: Vec<Lease>,
     },
     Leases {
         leases: Vec<Lease>,
@@ -281,7 +340,7 @@ pub enum Response {
         leases: Vec<Lease>,
         /// Pass as `after` for the next page; `None` when this was the last.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        next: Option<Ipv4Addr>,
+        next: Option<IpAddr>,
     },
     Recorded,
     Error {
@@ -367,7 +426,7 @@ mod tests {
         assert!(!serde_json::from_str::<Lease>(lease).unwrap().missing);
         // The new requests, as they go on the wire.
         let page = Envelope::new(Request::ListPage {
-            after: Some(Ipv4Addr::new(10, 0, 0, 9)),
+            after: Some(IpAddr::from([10, 0, 0, 9])),
             limit: Some(50),
         });
         assert_eq!(
@@ -395,6 +454,141 @@ mod tests {
             serde_json::to_string(&Envelope::new(Response::Recorded)).unwrap(),
             r#"{"v":1,"reply":"recorded"}"#
         );
+    }
+
+    fn lease(addr: &str) -> Lease {
+        Lease {
+            key: AttachmentKey::new("n", "c", "eth0"),
+            address: addr.parse().unwrap(),
+            pool: "p".into(),
+            pod: PodRef::default(),
+            host_veth: None,
+            allocated_at_ms: 1,
+            missing: false,
+        }
+    }
+
+    #[test]
+    fn ipv4_leases_serialise_as_before_families() {
+        // Byte for byte what the IPv4-only protocol produced.
+        let v4 = r#"{"key":{"network":"n","container_id":"c","ifname":"eth0"},"address":"10.0.0.1","pool":"p","pod":{},"allocated_at_ms":1}"#;
+        assert_eq!(serde_json::to_string(&lease("10.0.0.1")).unwrap(), v4);
+        let reply = Envelope::new(Response::Allocated {
+            lease: lease("10.0.0.1"),
+            more: vec![],
+        });
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            format!(r#"{{"v":1,"reply":"allocated","lease":{v4}}}"#)
+        );
+        let check = Envelope::new(Response::Lease {
+            lease: None,
+            more: vec![],
+        });
+        assert_eq!(
+            serde_json::to_string(&check).unwrap(),
+            r#"{"v":1,"reply":"lease"}"#
+        );
+        let released = Envelope::new(Response::Released {
+            address: Some("10.0.0.1".parse().unwrap()),
+        });
+        assert_eq!(
+            serde_json::to_string(&released).unwrap(),
+            r#"{"v":1,"reply":"released","address":"10.0.0.1"}"#
+        );
+        // An old client's Allocate has no families; it is serialised without them too.
+        let alloc = Envelope::new(Request::Allocate {
+            key: AttachmentKey::new("n", "c", "eth0"),
+            pod: PodRef::default(),
+            pool: None,
+            host_veth: None,
+            families: None,
+        });
+        let s = serde_json::to_string(&alloc).unwrap();
+        assert_eq!(
+            s,
+            r#"{"v":1,"op":"allocate","key":{"network":"n","container_id":"c","ifname":"eth0"},"pod":{}}"#
+        );
+        assert_eq!(
+            crate::frame::decode_request(s.as_bytes()).unwrap(),
+            alloc.body
+        );
+    }
+
+    #[test]
+    fn old_frames_decode_with_family_defaults() {
+        let r: Response = crate::frame::decode(
+            br#"{"v":1,"reply":"allocated","lease":{"key":{"network":"n","container_id":"c","ifname":"eth0"},"address":"10.0.0.1","pool":"p","allocated_at_ms":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Response::Allocated {
+                lease: lease("10.0.0.1"),
+                more: vec![]
+            }
+        );
+        let r: Response = crate::frame::decode(br#"{"v":1,"reply":"lease","lease":null}"#).unwrap();
+        assert_eq!(
+            r,
+            Response::Lease {
+                lease: None,
+                more: vec![]
+            }
+        );
+        let s: PoolStats = serde_json::from_str(
+            r#"{"name":"p","source":"static","total":4,"allocated":1,"free":3}"#,
+        )
+        .unwrap();
+        assert_eq!(s.family, Family::Ipv4);
+        let page: Response =
+            crate::frame::decode(br#"{"v":1,"reply":"lease_page","leases":[],"next":"10.0.0.3"}"#)
+                .unwrap();
+        assert_eq!(
+            page,
+            Response::LeasePage {
+                leases: vec![],
+                next: Some("10.0.0.3".parse().unwrap())
+            }
+        );
+    }
+
+    #[test]
+    fn dual_stack_wire_format() {
+        let alloc = Envelope::new(Request::Allocate {
+            key: AttachmentKey::new("n", "c", "eth0"),
+            pod: PodRef::default(),
+            pool: None,
+            host_veth: None,
+            families: Some(vec![Family::Ipv4, Family::Ipv6]),
+        });
+        let s = serde_json::to_string(&alloc).unwrap();
+        assert!(s.ends_with(r#""families":["ipv4","ipv6"]}"#), "{s}");
+        assert_eq!(
+            crate::frame::decode_request(s.as_bytes()).unwrap(),
+            alloc.body
+        );
+        let reply = Response::Allocated {
+            lease: lease("10.0.0.1"),
+            more: vec![lease("fd00:240::5")],
+        };
+        let s = serde_json::to_string(&Envelope::new(reply.clone())).unwrap();
+        assert!(s.contains(r#""more":[{"key""#) && s.contains(r#""address":"fd00:240::5""#));
+        assert_eq!(
+            crate::frame::decode::<Response>(s.as_bytes()).unwrap(),
+            reply
+        );
+        assert!(crate::frame::decode_request(
+            br#"{"v":1,"op":"allocate","key":{"network":"n","container_id":"c","ifname":"eth0"},"families":["ipv5"]}"#
+        )
+        .is_err());
+        assert_eq!(Family::of("fd00::1".parse().unwrap()), Family::Ipv6);
+        assert_eq!(Family::of("10.0.0.1".parse().unwrap()), Family::Ipv4);
+        assert_eq!(serde_json::to_string(&Family::Ipv6).unwrap(), r#""ipv6""#);
+        // Addresses order IPv4 before IPv6, which is the order of lease pages.
+        let a: IpAddr = "255.255.255.255".parse().unwrap();
+        let b: IpAddr = "::".parse().unwrap();
+        assert!(a < b);
     }
 
     #[test]

@@ -8,13 +8,20 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::Path,
     sync::atomic::Ordering,
 };
 
 use aliasnet_ipam_proto::{Attachment, AttachmentKey, ErrorKind, PodRef};
 use proptest::prelude::*;
+
+fn v4(a: IpAddr) -> Ipv4Addr {
+    match a {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => panic!("{a} in an IPv4 pool"),
+    }
+}
 
 use crate::{
     config::{Config, OnOnlyCooling},
@@ -221,6 +228,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                     pod: &pod,
                     pool: None,
                     host_veth: None,
+                    families: None,
                 };
                 let step = sut.st().begin_allocate(req, now);
                 if let Some(&addr) = model.leases.get(&k) {
@@ -241,7 +249,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                     .collect();
                 match step {
                     Ok(AllocStep::Fresh { lease, record }) => {
-                        let a = u32::from(lease.address);
+                        let a = u32::from(v4(lease.address));
                         if free.is_empty() {
                             prop_assert_eq!(model.policy, OnOnlyCooling::ReuseOldest);
                             let oldest = reusable.values().min().copied();
@@ -363,7 +371,7 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
         let got: BTreeMap<String, Ipv4Addr> = st
             .list()
             .into_iter()
-            .map(|l| (l.key.container_id, l.address))
+            .map(|l| (l.key.container_id, v4(l.address)))
             .collect();
         let want: BTreeMap<String, Ipv4Addr> = model
             .leases

@@ -50,7 +50,7 @@ fn sigterm_stops_cleanly_and_state_survives() {
     let mut child = spawn(&env.config_path());
     wait_ready(&socket, &mut child);
     let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
-    let Response::Allocated { lease } = c.call(&alloc_req("a", None)).unwrap() else {
+    let Response::Allocated { lease, .. } = c.call(&alloc_req("a", None)).unwrap() else {
         panic!()
     };
     let st = terminate(child);
@@ -62,7 +62,10 @@ fn sigterm_stops_cleanly_and_state_survives() {
     let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
     assert_eq!(
         c.call(&Request::Check { key: key("a") }).unwrap(),
-        Response::Lease { lease: Some(lease) }
+        Response::Lease {
+            lease: Some(lease),
+            more: vec![]
+        }
     );
     // SIGINT works as well.
     signal::kill(Pid::from_raw(child.id() as i32), signal::Signal::SIGINT).unwrap();
@@ -84,7 +87,7 @@ fn killed_daemon_keeps_acknowledged_leases() {
     let mut c = Client::connect(&socket, Duration::from_secs(5)).unwrap();
     let mut acked = Vec::new();
     for i in 0..50 {
-        if let Ok(Response::Allocated { lease }) = c.call(&alloc_req(&format!("k{i}"), None)) {
+        if let Ok(Response::Allocated { lease, .. }) = c.call(&alloc_req(&format!("k{i}"), None)) {
             acked.push(lease);
         }
     }
@@ -267,7 +270,7 @@ fn a_full_disk_fails_the_request_and_loses_nothing_acknowledged() {
     let mut failure = None;
     for i in 0..20_000 {
         match c.call(&alloc_req(&format!("k{i}"), None)) {
-            Ok(Response::Allocated { lease }) => acked.push(lease),
+            Ok(Response::Allocated { lease, .. }) => acked.push(lease),
             Ok(other) => panic!("{other:?}"),
             Err(e) => {
                 failure = Some((i, e));
@@ -304,7 +307,10 @@ fn a_full_disk_fails_the_request_and_loses_nothing_acknowledged() {
             key: key(&format!("k{failed_at}"))
         })
         .unwrap(),
-        Response::Lease { lease: None }
+        Response::Lease {
+            lease: None,
+            more: vec![]
+        }
     );
 
     // Space again: allocations succeed.
@@ -318,7 +324,7 @@ fn a_full_disk_fails_the_request_and_loses_nothing_acknowledged() {
     let deadline = Instant::now() + Duration::from_secs(10);
     while more.is_none() {
         match c.call(&alloc_req("after", None)) {
-            Ok(Response::Allocated { lease }) => more = Some(lease),
+            Ok(Response::Allocated { lease, .. }) => more = Some(lease),
             other => {
                 assert!(
                     Instant::now() < deadline,

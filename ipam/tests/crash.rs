@@ -10,7 +10,7 @@ mod common;
 
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     path::Path,
     process::{Child, Stdio},
     sync::{
@@ -31,9 +31,9 @@ const BUDGET: Duration = Duration::from_secs(55);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyState {
     /// Allocation acknowledged with this address.
-    Allocated(Ipv4Addr),
+    Allocated(IpAddr),
     /// Release sent, not yet acknowledged: the lease may or may not be there.
-    Releasing(Ipv4Addr),
+    Releasing(IpAddr),
     /// Release acknowledged.
     Released,
 }
@@ -61,7 +61,7 @@ impl Rng {
 fn verify(socket: &Path, keys: &HashMap<String, KeyState>) -> usize {
     let mut c = Client::connect(socket, Duration::from_secs(10)).unwrap();
     let leases = c.list_all().unwrap();
-    let mut by_key: HashMap<String, Ipv4Addr> = HashMap::new();
+    let mut by_key: HashMap<String, IpAddr> = HashMap::new();
     let mut addrs = HashSet::new();
     for l in &leases {
         assert!(addrs.insert(l.address), "{} belongs to two keys", l.address);
@@ -156,7 +156,7 @@ fn kill_9_during_concurrent_allocations_loses_nothing_acknowledged() {
                 for i in (t..KEYS).step_by(CLIENTS) {
                     let k = format!("k{i:04}");
                     let resp = send(&alloc_req(&k, None));
-                    let Response::Allocated { lease } = resp else {
+                    let Response::Allocated { lease, .. } = resp else {
                         panic!("allocate {k}: {resp:?}")
                     };
                     keys.lock()

@@ -121,6 +121,7 @@ fn alloc(c: &str) -> Request {
         },
         pool: Some("nic".into()),
         host_veth: None,
+        families: None,
     }
 }
 
@@ -167,7 +168,7 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
     let mut got = Vec::new();
     for c in ["a", "b"] {
         match call(&socket, alloc(c)).await.unwrap() {
-            Response::Allocated { lease } => got.push(lease.address),
+            Response::Allocated { lease, .. } => got.push(lease.address),
             other => panic!("{other:?}"),
         }
     }
@@ -200,7 +201,7 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
         (nic(&socket).await.total == 3).then_some(())
     })
     .await;
-    let Response::Allocated { lease } = call(&socket, alloc("c")).await.unwrap() else {
+    let Response::Allocated { lease, .. } = call(&socket, alloc("c")).await.unwrap() else {
         panic!()
     };
     assert_eq!(lease.address, Ipv4Addr::new(10, 0, 8, 8));
@@ -305,7 +306,7 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
     } else {
         "b"
     };
-    let Response::Lease { lease: Some(l) } = call(&socket, Request::Check { key: key(holder) })
+    let Response::Lease { lease: Some(l), .. } = call(&socket, Request::Check { key: key(holder) })
         .await
         .unwrap()
     else {
@@ -329,7 +330,7 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
     );
     release(&socket, holder, None).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // past the cooldown
-    let Response::Allocated { lease } = call(&socket, alloc("d")).await.unwrap() else {
+    let Response::Allocated { lease, .. } = call(&socket, alloc("d")).await.unwrap() else {
         panic!()
     };
     assert_eq!(lease.address, Ipv4Addr::new(10, 0, 8, 9));
@@ -355,7 +356,7 @@ async fn the_pool_follows_the_metadata_and_never_acts_on_a_bad_read() {
         (nic(&socket).await.free == 1).then_some(())
     })
     .await;
-    let Response::Allocated { lease } = call(&socket, alloc("e")).await.unwrap() else {
+    let Response::Allocated { lease, .. } = call(&socket, alloc("e")).await.unwrap() else {
         panic!()
     };
     assert_eq!(lease.address, Ipv4Addr::new(10, 0, 8, 7));

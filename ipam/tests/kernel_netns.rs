@@ -133,7 +133,7 @@ async fn scenario() {
     assert_eq!(
         resp,
         Response::Released {
-            address: Some(Ipv4Addr::new(10, 240, 0, 12))
+            address: Some(Ipv4Addr::new(10, 240, 0, 12).into())
         }
     );
     eventually(5, "v2 to be deleted", || async {

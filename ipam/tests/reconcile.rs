@@ -23,12 +23,16 @@ fn alloc_with_veth(c: &str, v: Option<&str>) -> Request {
         pod: PodRef::default(),
         pool: None,
         host_veth: v.map(str::to_owned),
+        families: None,
     }
 }
 
 async fn allocate_veth(socket: &std::path::Path, c: &str) -> Ipv4Addr {
     match call(socket, alloc_with_veth(c, Some(&veth(c)))).await {
-        Ok(Response::Allocated { lease }) => lease.address,
+        Ok(Response::Allocated { lease, .. }) => match lease.address {
+            std::net::IpAddr::V4(a) => a,
+            other => panic!("{other}"),
+        },
         other => panic!("{other:?}"),
     }
 }
@@ -181,7 +185,7 @@ async fn recovered_leases_are_released_by_del_gc_and_reconcile() {
     );
 
     // CHECK of the real key finds the lease through the veth the key hashes to.
-    let Response::Lease { lease: Some(l) } = call(&socket, Request::Check { key: key("x") })
+    let Response::Lease { lease: Some(l), .. } = call(&socket, Request::Check { key: key("x") })
         .await
         .unwrap()
     else {
@@ -192,14 +196,14 @@ async fn recovered_leases_are_released_by_del_gc_and_reconcile() {
     assert_eq!(
         release(&socket, "x", Some(veth("x"))).await,
         Response::Released {
-            address: Some(Ipv4Addr::new(10, 240, 0, 7))
+            address: Some(Ipv4Addr::new(10, 240, 0, 7).into())
         }
     );
     // DEL without a link: the key's hash names the veth.
     assert_eq!(
         release(&socket, "y", None).await,
         Response::Released {
-            address: Some(Ipv4Addr::new(10, 240, 0, 9))
+            address: Some(Ipv4Addr::new(10, 240, 0, 9).into())
         }
     );
     eventually(5, "the recovered veths to be deleted", || async {

@@ -30,7 +30,7 @@ async fn concurrent_clients_get_distinct_addresses_that_survive_a_restart() {
                 let mut c = Client::connect(&socket, Duration::from_secs(30)).unwrap();
                 (0..16)
                     .map(|i| match c.call(&alloc_req(&format!("t{t}-{i}"), None)) {
-                        Ok(Response::Allocated { lease }) => lease,
+                        Ok(Response::Allocated { lease, .. }) => lease,
                         other => panic!("{other:?}"),
                     })
                     .collect::<Vec<_>>()
@@ -64,7 +64,7 @@ async fn allocate_is_idempotent_even_when_concurrent() {
             std::thread::spawn(move || {
                 let mut c = Client::connect(&socket, Duration::from_secs(30)).unwrap();
                 match c.call(&alloc_req("same", Some(&v("same")))) {
-                    Ok(Response::Allocated { lease }) => lease,
+                    Ok(Response::Allocated { lease, .. }) => lease,
                     other => panic!("{other:?}"),
                 }
             })
@@ -77,7 +77,7 @@ async fn allocate_is_idempotent_even_when_concurrent() {
     assert_eq!(list(&socket).await.len(), 1);
     // Check sees it; a second allocate later returns it again.
     match call(&socket, Request::Check { key: key("same") }).await {
-        Ok(Response::Lease { lease: Some(l) }) => assert_eq!(l, leases[0]),
+        Ok(Response::Lease { lease: Some(l), .. }) => assert_eq!(l, leases[0]),
         other => panic!("{other:?}"),
     }
     assert_eq!(allocate(&socket, "same").await, leases[0]);
@@ -261,6 +261,7 @@ async fn list_pages_cover_every_lease_once_under_the_frame_limit() {
                         },
                         pool: None,
                         host_veth: None,
+                        families: None,
                     };
                     assert!(matches!(c.call(&req), Ok(Response::Allocated { .. })));
                 }

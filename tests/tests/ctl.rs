@@ -225,10 +225,11 @@ fn status_pods_top_and_ipam_describe_the_node() {
             pod: PodRef::default(),
             pool: None,
             host_veth: None,
+            families: None,
         })
         .expect("allocate ghost")
     {
-        Response::Allocated { lease } => lease.address,
+        Response::Allocated { lease, .. } => lease.address,
         other => panic!("{other:?}"),
     };
     let o = ctl(

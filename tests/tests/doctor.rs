@@ -45,10 +45,11 @@ fn doctor_finds_broken_state_and_its_fixes_work() {
             },
             pool: None,
             host_veth: None,
+            families: None,
         })
         .expect("allocate")
     {
-        Response::Allocated { lease } => lease.address,
+        Response::Allocated { lease, .. } => lease.address,
         other => panic!("{other:?}"),
     };
     let stray = "alistray0000001";

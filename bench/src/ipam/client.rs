@@ -140,6 +140,7 @@ pub fn alloc_req(series: u64, i: u64) -> Request {
         key,
         pool: None,
         host_veth: Some(host_veth),
+        families: None,
     }
 }
 

@@ -114,7 +114,7 @@ impl LeaseEntry {
         let [namespace, name, uid, veth] = self.fields();
         Lease {
             key: self.attachment_key(),
-            address: Ipv4Addr::from(self.addr),
+            address: Ipv4Addr::from(self.addr).into(),
             pool: pool.to_owned(),
             pod: PodRef {
                 namespace: namespace.map(Field::to_string_lossless),

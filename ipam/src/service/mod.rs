@@ -22,14 +22,14 @@ use writer::writer_loop;
 
 use std::{
     collections::HashSet,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     sync::{Arc, Mutex, MutexGuard},
     thread::JoinHandle,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use aliasnet_ipam_proto::{
-    frame::MAX_FRAME, AttachmentKey, ErrorKind, Lease, ReconcileStats, Request, Response,
+    frame::MAX_FRAME, AttachmentKey, ErrorKind, Family, Lease, ReconcileStats, Request, Response,
     LIST_PAGE_DEFAULT, LIST_PAGE_MAX,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -277,6 +277,7 @@ impl Ipam {
         pod: aliasnet_ipam_proto::PodRef,
         pool: Option<String>,
         host_veth: Option<String>,
+        families: Option<Vec<Family>>,
     ) -> Handled {
         let step = self
             .wait_until(|st| {
@@ -285,6 +286,7 @@ impl Ipam {
                     pod: &pod,
                     pool: pool.as_deref(),
                     host_veth: host_veth.as_deref(),
+                    families: families.as_deref(),
                 };
                 Ok(match st.begin_allocate(r, self.now_ms())? {
                     AllocStep::Wait(why) => Err(why),
@@ -298,7 +300,11 @@ impl Ipam {
                 metrics.allocation_error(pool.as_deref(), r.kind);
                 error(r.kind, r.message)
             }
-            Ok(AllocStep::Existing(lease)) => Response::Allocated { lease }.into(),
+            Ok(AllocStep::Existing(lease)) => Response::Allocated {
+                lease,
+                more: Vec::new(),
+            }
+            .into(),
             Ok(AllocStep::Fresh { lease, record }) => match self.commit(vec![record]).await {
                 Ok(()) => {
                     tracing::debug!(key = %lease.key, address = %lease.address, "allocated");
@@ -306,6 +312,7 @@ impl Ipam {
                     Handled {
                         response: Response::Allocated {
                             lease: lease.clone(),
+                            more: Vec::new(),
                         },
                         rollback: Some(lease),
                     }
@@ -327,13 +334,17 @@ impl Ipam {
                 pod,
                 pool,
                 host_veth,
-            } => self.allocate(key, pod, pool, host_veth).await,
+                families,
+            } => self.allocate(key, pod, pool, host_veth, families).await,
             Request::Release { key, teardown_link } => {
                 match self
                     .release(&key, teardown_link.as_deref(), None, None)
                     .await
                 {
-                    Ok(address) => Response::Released { address }.into(),
+                    Ok(address) => Response::Released {
+                        address: address.map(IpAddr::V4),
+                    }
+                    .into(),
                     Err(h) => h,
                 }
             }
@@ -342,17 +353,28 @@ impl Ipam {
                 teardown_link,
                 lease,
             } => {
-                let ident = (u32::from(lease.address), lease.allocated_at_ms);
+                let IpAddr::V4(address) = lease.address else {
+                    // This daemon leases no IPv6 address, so none can be the key's.
+                    return Response::Released { address: None }.into();
+                };
+                let ident = (u32::from(address), lease.allocated_at_ms);
                 match self
                     .release(&key, teardown_link.as_deref(), None, Some(ident))
                     .await
                 {
-                    Ok(address) => Response::Released { address }.into(),
+                    Ok(address) => Response::Released {
+                        address: address.map(IpAddr::V4),
+                    }
+                    .into(),
                     Err(h) => h,
                 }
             }
             Request::Check { key } => match self.shared.lock().check(&key) {
-                Ok(lease) => Response::Lease { lease }.into(),
+                Ok(lease) => Response::Lease {
+                    lease,
+                    more: Vec::new(),
+                }
+                .into(),
                 Err(r) => error(r.kind, r.message),
             },
             Request::List => {
@@ -378,13 +400,25 @@ impl Ipam {
                         format!("limit must be 1 to {LIST_PAGE_MAX}, got {limit}"),
                     );
                 }
+                let after = match after {
+                    None => None,
+                    Some(IpAddr::V4(a)) => Some(u32::from(a)),
+                    // IPv4 sorts first and no IPv6 address is leased: nothing follows.
+                    Some(IpAddr::V6(_)) => {
+                        return Response::LeasePage {
+                            leases: Vec::new(),
+                            next: None,
+                        }
+                        .into()
+                    }
+                };
                 let (leases, next) =
                     self.shared
                         .lock()
-                        .list_page(after.map(u32::from), limit as usize, PAGE_BYTES);
+                        .list_page(after, limit as usize, PAGE_BYTES);
                 Response::LeasePage {
                     leases,
-                    next: next.map(Ipv4Addr::from),
+                    next: next.map(|a| IpAddr::V4(Ipv4Addr::from(a))),
                 }
                 .into()
             }

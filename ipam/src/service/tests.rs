@@ -35,6 +35,7 @@ fn alloc(c: &str) -> Request {
         pod: PodRef::default(),
         pool: None,
         host_veth: None,
+        families: None,
     }
 }
 
@@ -65,14 +66,17 @@ async fn write_failure_fails_the_request_and_rolls_back() {
     }
     assert_eq!(
         ipam.handle(check("a")).await.response,
-        Response::Lease { lease: None }
+        Response::Lease {
+            lease: None,
+            more: vec![]
+        }
     );
     // The address the failed request had reserved is free again.
     let Response::Stats { pools, .. } = ipam.handle(Request::Stats).await.response else {
         panic!()
     };
     assert_eq!((pools[0].free, pools[0].allocated), (4, 0));
-    let Response::Allocated { lease } = ipam.handle(alloc("b")).await.response else {
+    let Response::Allocated { lease, .. } = ipam.handle(alloc("b")).await.response else {
         panic!()
     };
 
@@ -96,7 +100,7 @@ async fn write_failure_fails_the_request_and_rolls_back() {
     );
     assert!(matches!(
         ipam.handle(check("b")).await.response,
-        Response::Lease { lease: Some(_) }
+        Response::Lease { lease: Some(_), .. }
     ));
     ipam.stop(workers).await;
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, ErrorKind};
+use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, ErrorKind, Family};
 
 use crate::{
     config::OnOnlyCooling,
@@ -14,6 +14,28 @@ use crate::{
 };
 
 use super::{pool::Slot, AllocRequest, AllocStep, Refusal, State};
+
+/// A family list must be non-empty and name each family once; only IPv4 pools exist.
+fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
+    let Some(list) = families else {
+        return Ok(());
+    };
+    if list.is_empty() {
+        return Err(Refusal::bad("families must not be empty".into()));
+    }
+    for (i, f) in list.iter().enumerate() {
+        if list[..i].contains(f) {
+            return Err(Refusal::bad(format!("families names {f} twice")));
+        }
+    }
+    if list.contains(&Family::Ipv6) {
+        return Err(Refusal::new(
+            ErrorKind::PoolExhausted,
+            "family ipv6: no pool of this node serves ipv6 addresses",
+        ));
+    }
+    Ok(())
+}
 
 impl State {
     pub(super) fn eligible(&self, pool: Option<&str>) -> Result<Vec<usize>, Refusal> {
@@ -76,6 +98,7 @@ impl State {
                 )));
             }
         }
+        check_families(req.families)?;
         let eligible = self.eligible(req.pool)?;
         let key = encode_key(req.key);
         if let Some(id) = self.leases.find(&key) {

@@ -30,7 +30,7 @@ mod tests;
 
 use std::{collections::HashMap, net::Ipv4Addr, time::Duration};
 
-use aliasnet_ipam_proto::{AttachmentKey, ErrorKind, Lease, PodRef, RECOVERED_NETWORK};
+use aliasnet_ipam_proto::{AttachmentKey, ErrorKind, Family, Lease, PodRef, RECOVERED_NETWORK};
 
 use crate::{
     config::{Config, OnOnlyCooling},
@@ -71,6 +71,8 @@ pub struct AllocRequest<'a> {
     pub pod: &'a PodRef,
     pub pool: Option<&'a str>,
     pub host_veth: Option<&'a str>,
+    /// The families wanted; `None`: every family a pool serves.
+    pub families: Option<&'a [Family]>,
 }
 
 #[derive(Debug)]

@@ -136,6 +136,7 @@ impl State {
             .iter()
             .map(|p| PoolStats {
                 name: p.spec.name.clone(),
+                family: aliasnet_ipam_proto::Family::Ipv4,
                 source: p.spec.source.to_string(),
                 total: p.size(),
                 allocated: p.leased as u64,

@@ -1,4 +1,4 @@
-use std::path::Path;
+use std::{net::IpAddr, path::Path};
 
 use aliasnet_ipam_proto::{host_veth_name, Attachment};
 
@@ -25,6 +25,7 @@ fn alloc(st: &mut State, c: &str, now: u64) -> Result<Lease, Refusal> {
             pod: &pod,
             pool: None,
             host_veth: None,
+            families: None,
         },
         now,
     )? {
@@ -58,7 +59,7 @@ fn allocate_is_idempotent_and_round_robin() {
     assert_eq!(alloc(&mut st, "a", 2).unwrap(), a);
     let b = alloc(&mut st, "b", 3).unwrap();
     assert_eq!(b.address, Ipv4Addr::new(10, 0, 0, 1));
-    assert_eq!(release(&mut st, "a", 4), Some(a.address));
+    assert_eq!(release(&mut st, "a", 4).map(IpAddr::V4), Some(a.address));
     // Even with no cooldown the freed address is not the next one handed out.
     assert_eq!(
         alloc(&mut st, "c", 5).unwrap().address,
@@ -140,6 +141,7 @@ fn aborted_allocation_frees_the_slot_and_hides_the_lease() {
         pod: &pod,
         pool: None,
         host_veth: None,
+        families: None,
     };
     let AllocStep::Fresh { record, .. } = st.begin_allocate(req, 0).unwrap() else {
         panic!()
@@ -174,6 +176,7 @@ fn held_address_waits_for_teardown() {
         pod: &pod,
         pool: None,
         host_veth: Some(&old),
+        families: None,
     };
     let AllocStep::Fresh { record, .. } = st.begin_allocate(req, 0).unwrap() else {
         panic!()
@@ -193,6 +196,7 @@ fn held_address_waits_for_teardown() {
     let req2 = AllocRequest {
         key: &k2,
         host_veth: None,
+        families: None,
         ..req
     };
     assert!(matches!(
@@ -224,6 +228,7 @@ fn gc_releases_only_stale_leases_of_the_network() {
                 pod: &pod,
                 pool: None,
                 host_veth: None,
+                families: None,
             },
             0,
         )
@@ -262,6 +267,7 @@ fn bad_requests_are_refused() {
                 pod: &pod,
                 pool: None,
                 host_veth: None,
+                families: None,
             },
             0,
         )
@@ -275,6 +281,7 @@ fn bad_requests_are_refused() {
                 pod: &pod,
                 pool: Some("nope"),
                 host_veth: None,
+                families: None,
             },
             0,
         )
@@ -288,6 +295,7 @@ fn bad_requests_are_refused() {
                 pod: &pod,
                 pool: None,
                 host_veth: Some("far-too-long-interface"),
+                families: None,
             },
             0,
         )
@@ -315,6 +323,7 @@ fn allocation_stays_fast_when_nearly_full() {
                     pod: &pod,
                     pool: None,
                     host_veth: None,
+                    families: None,
                 },
                 0,
             )

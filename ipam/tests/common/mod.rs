@@ -168,6 +168,7 @@ pub fn alloc_req(c: &str, host_veth: Option<&str>) -> Request {
         },
         pool: None,
         host_veth: host_veth.map(str::to_owned),
+        families: None,
     }
 }
 
@@ -183,7 +184,7 @@ pub async fn call(socket: &Path, req: Request) -> Result<Response, ClientError> 
 
 pub async fn allocate(socket: &Path, c: &str) -> Lease {
     match call(socket, alloc_req(c, None)).await {
-        Ok(Response::Allocated { lease }) => lease,
+        Ok(Response::Allocated { lease, .. }) => lease,
         other => panic!("allocate {c}: {other:?}"),
     }
 }
@@ -191,7 +192,7 @@ pub async fn allocate(socket: &Path, c: &str) -> Lease {
 /// Allocates for `c` with its host veth named (as the plugin does); the lease.
 pub async fn allocate_with_veth(socket: &Path, c: &str) -> Lease {
     match call(socket, alloc_req(c, Some(&v(c)))).await {
-        Ok(Response::Allocated { lease }) => lease,
+        Ok(Response::Allocated { lease, .. }) => lease,
         other => panic!("{other:?}"),
     }
 }
