@@ -1,5 +1,5 @@
-//! ADD: reserve an address, build the veth pair with the peer born in the pod's netns, wire
-//! the /32 + link-local-gateway datapath, attach the eBPF datapath (classification, counters,
+//! ADD: reserve an address per family, build the veth pair with the peer born in the pod's
+//! netns, wire each address (/32 or /128 + link-local gateway, see `wiring.rs`), attach the eBPF datapath (classification, counters,
 //! shaping; see `datapath.rs`), and return the result. Any failure after something was created
 //! rolls everything back, the reservation included.
 //!
@@ -9,17 +9,16 @@
 
 use std::{net::IpAddr, time::Instant};
 
-use aliasnet_cni_types::{
-    code, AttachEnv, CniArgs, CniError, CniResult, Interface, IpConfig, IpFamily, IpNet, NetConf,
-    Route,
-};
+use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, CniResult, Interface, NetConf};
 use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, Lease, PodRef, Request, Response};
 
 use crate::{
     datapath, ipam,
     netns::NetNs,
-    nl::{self, nl_err, Link, Nl, GATEWAY},
+    nl::{self, nl_err, Link, Nl},
     sysctl,
+    wire::Links,
+    wiring::{self, Wiring},
 };
 
 type AllocCall = std::thread::JoinHandle<Result<Response, aliasnet_ipam_proto::ClientError>>;
@@ -37,7 +36,8 @@ struct Progress {
 
 impl Progress {
     /// Wait for the Allocate's answer and record what the daemon may now hold.
-    fn settle_alloc(&mut self) -> Result<Lease, CniError> {
+    /// The leases, IPv4's first.
+    fn settle_alloc(&mut self) -> Result<Vec<Lease>, CniError> {
         let Some(call) = self.alloc.take() else {
             return Err(CniError::new(
                 code::INTERNAL,
@@ -45,9 +45,9 @@ impl Progress {
             ));
         };
         match call.join() {
-            Ok(Ok(Response::Allocated { lease, .. })) => {
+            Ok(Ok(Response::Allocated { lease, more })) => {
                 self.lease = LeaseState::Held;
-                Ok(lease)
+                Ok(std::iter::once(lease).chain(more).collect())
             }
             Ok(Ok(other)) => {
                 self.lease = LeaseState::Unknown;
@@ -110,7 +110,10 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
         },
         pool: conf.pool.clone(),
         host_veth: Some(host_veth.clone()),
-        families: None,
+        families: conf
+            .ip_families
+            .as_ref()
+            .map(|f| f.iter().map(|&f| ipam::family(f)).collect()),
     };
     let mut progress = Progress {
         alloc: Some(std::thread::spawn(move || client.call(&req))),
@@ -134,9 +137,9 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
         let t_net = t0.elapsed();
         // Last step: on failure the library has undone its part and the rollback below
         // removes the veth and the lease.
-        let res = res.and_then(|(result, ip)| {
+        let res = res.and_then(|(result, w)| {
             if let Some(dp) = dp.as_mut() {
-                let id = datapath::identity(&args, env, ip);
+                let id = datapath::identity(&args, env, w.v4, w.v6);
                 datapath::attach(conf, dp, &host_veth, env, id, wanted.limits)?;
             }
             Ok(result)
@@ -171,7 +174,7 @@ async fn attach(
     host: &Nl,
     pod: &Nl,
     progress: &mut Progress,
-) -> Result<(CniResult, std::net::Ipv4Addr), CniError> {
+) -> Result<(CniResult, Wiring), CniError> {
     let t0 = Instant::now();
     let ifname = env.ifname.as_str();
     let host_veth = host_veth.to_owned();
@@ -228,10 +231,17 @@ async fn attach(
     let t_pair = t0.elapsed();
 
     // Blocking is fine here: no other netlink request is in flight.
-    let lease = progress.settle_alloc();
+    let leases = progress.settle_alloc();
     let t_alloc = t0.elapsed();
     // The daemon's answer is the more useful error (pool exhausted, daemon down).
-    let lease: Lease = lease.map_err(|e| e.context("allocating an address"))?;
+    let leases = leases.map_err(|e| e.context("allocating an address"))?;
+    let addrs: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
+    let w = Wiring::new(conf, &addrs).map_err(|e| {
+        CniError::new(
+            code::IPAM_ERROR,
+            format!("aliasnet-ipamd answered the allocation for {host_veth} with {e}"),
+        )
+    })?;
     let (hlink, plink) = match (pair, wired) {
         (_, Some(w)) => w?,
         (Pair::Failed(e), _) => return Err(e),
@@ -251,52 +261,28 @@ async fn attach(
         }
         (Pair::Created, None) => unreachable!("a created pair is always finished"),
     };
-    let IpAddr::V4(ip) = lease.address else {
-        return Err(CniError::new(
-            code::IPAM_ERROR,
-            format!(
-                "aliasnet-ipamd leased {} for {host_veth}, but this plugin wires only IPv4 addresses",
-                lease.address
-            ),
-        ));
-    };
-
     let h_mac = hlink.mac.ok_or_else(|| {
         CniError::new(
             code::NETLINK,
             format!("host veth {host_veth} has no MAC address"),
         )
     })?;
-    let (a, r, n, hr) = futures::join!(
-        pod.add_addr32(plink.index, ip),
-        pod.add_link_route(plink.index, GATEWAY, 32),
-        pod.add_permanent_neigh(plink.index, GATEWAY, &h_mac),
-        host.add_link_route(hlink.index, ip, 32),
-    );
-    a.map_err(|e| nl_err(format!("pod: add address {ip}/32 on {ifname}"), e))?;
-    r.map_err(|e| {
-        nl_err(
-            format!("pod: add route {GATEWAY}/32 dev {ifname} scope link"),
-            e,
-        )
-    })?;
-    n.map_err(|e| {
-        nl_err(
-            format!("pod: add permanent neighbour {GATEWAY} on {ifname}"),
-            e,
-        )
-    })?;
-    hr.map_err(|e| nl_err(format!("host: add route {ip}/32 dev {host_veth}"), e))?;
-    for (dst, len) in v4_routes(conf) {
-        pod.add_gateway_route(plink.index, dst, len, GATEWAY)
-            .await
-            .map_err(|e| {
-                nl_err(
-                    format!("pod: add route {dst}/{len} via {GATEWAY} dev {ifname}"),
-                    e,
-                )
-            })?;
+    if w.v6.is_some() {
+        // Before any IPv6 address or route: the kernel refuses them on a link without IPv6.
+        sysctl::enable_ipv6_forward()?;
+        sysctl::enable_ipv6_on(&host_veth)?;
+        netns.enter(|| sysctl::pod_ipv6(ifname))??;
     }
+    let links = Links {
+        host,
+        pod,
+        host_veth: &host_veth,
+        host_index: hlink.index,
+        ifname,
+        pod_index: plink.index,
+        host_mac: h_mac,
+    };
+    links.wire(&w).await?;
     tracing::debug!(
         pre_us = t_pre.as_micros() as u64,
         pair_us = t_pair.as_micros() as u64,
@@ -304,9 +290,9 @@ async fn attach(
         total_us = t0.elapsed().as_micros() as u64,
         "ADD netlink timings"
     );
-    tracing::info!(%ip, host_veth, mtu, "attached");
+    let addrs = wiring::describe(&w.addrs());
+    tracing::info!(ip = %addrs, host_veth, mtu, "attached");
 
-    let gw = IpAddr::V4(GATEWAY);
     let result = CniResult {
         interfaces: vec![
             Interface {
@@ -322,27 +308,11 @@ async fn attach(
                 ..Default::default()
             },
         ],
-        ips: vec![IpConfig {
-            address: IpNet::new(IpAddr::V4(ip), 32),
-            gateway: Some(gw),
-            interface: Some(1),
-        }],
-        routes: v4_routes(conf)
-            .map(|(dst, len)| Route::new(IpNet::new(IpAddr::V4(dst), len), Some(gw)))
-            .collect(),
+        ips: w.ips(1),
+        routes: w.routes(),
         dns: conf.dns.clone().unwrap_or_default(),
     };
-    Ok((result, ip))
-}
-
-/// The IPv4 pod routes.
-pub fn v4_routes(conf: &NetConf) -> impl Iterator<Item = (std::net::Ipv4Addr, u8)> {
-    conf.pod_routes_for(IpFamily::Ipv4)
-        .into_iter()
-        .filter_map(|r| match r.addr {
-            IpAddr::V4(a) => Some((a, r.prefix_len)),
-            IpAddr::V6(_) => None,
-        })
+    Ok((result, w))
 }
 
 /// MTU of the default route's interface; without one the operator must say.
@@ -354,7 +324,8 @@ pub async fn detect_mtu(host: &Nl) -> Result<u32, CniError> {
         }
         Ok(None) => Err(CniError::config(
             "mtu",
-            "the host has no IPv4 default route to take the MTU from; set \"mtu\" in the config",
+            "the host has no default route (IPv4 or IPv6) to take the MTU from; set \"mtu\" in the \
+             config",
         )),
         Err(e) => Err(nl_err(
             "host: dump routes to find the default route's MTU",

@@ -1,16 +1,20 @@
 //! CHECK: every piece ADD made must still be there and right, the eBPF datapath attachment and
 //! its limits included. All problems are collected and reported together, each naming the piece.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use aliasnet_cni_types::{code, AttachEnv, CniError, CniResult, NetConf};
 use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, Request, Response};
 use rtnetlink::packet_route::route::RouteScope;
 
+mod v6;
+
 use crate::{
     datapath, ipam,
     netns::NetNs,
-    nl::{format_mac, nl_err, Nl, GATEWAY},
+    nl::{format_mac, nl_err, Link, Nl, GATEWAY},
+    sysctl,
+    wiring::{describe, Wiring},
 };
 
 pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
@@ -26,7 +30,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
     let veth = host_veth_name(&conf.host_veth_prefix, &key);
     let fail = |m: String| CniError::new(code::CHECK_FAILED, m);
 
-    // Our entries in prevResult: the pod interface (with a sandbox) and its IPv4 address.
+    // Our entries in prevResult: the pod interface (with a sandbox) and its addresses.
     let Some(pod_idx) = prev
         .interfaces
         .iter()
@@ -41,14 +45,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
         .interfaces
         .iter()
         .find(|i| i.name == veth && i.sandbox.is_none());
-    let Some(ip) = prev.ips.iter().find_map(|c| match c.address.addr {
-        IpAddr::V4(a) if c.interface == Some(pod_idx) => Some(a),
-        _ => None,
-    }) else {
-        return Err(fail(format!(
-            "prevResult lists no IPv4 address on {ifname}"
-        )));
-    };
+    let w = Wiring::from_prev_result(conf, &prev, pod_idx)?;
 
     let netns = NetNs::open(&env.netns)?;
     let rt = crate::runtime()?;
@@ -59,31 +56,56 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
             Some(m) => m,
             None => crate::add::detect_mtu(&host).await?,
         };
-        check_datapath(
+        let mut p = check_datapath(
             &host,
             &pod,
             &veth,
             ifname,
-            ip,
+            &w,
             want_mtu,
             host_if.and_then(|i| i.mac.as_deref()),
             pod_if.mac.as_deref(),
-            &crate::add::v4_routes(conf).collect::<Vec<_>>(),
         )
-        .await
+        .await?;
+        if w.v6.is_some() {
+            p.extend(sysctl::check_ipv6_forward());
+            p.extend(netns.enter(|| sysctl::check_pod_ipv6(ifname))?);
+        }
+        Ok::<_, CniError>(p)
     });
     rt.shutdown_background();
     let mut problems = problems?;
-    problems.extend(datapath::check(conf, &env.container_id, ifname, &veth, ip)?);
+    problems.extend(datapath::check(
+        conf,
+        &env.container_id,
+        ifname,
+        &veth,
+        w.v4,
+        w.v6,
+    )?);
 
+    let want = w.addrs();
     match ipam::call(conf, &Request::Check { key: key.clone() }) {
-        Ok(Response::Lease { lease: Some(l), .. }) if l.address == ip => {}
-        Ok(Response::Lease { lease: Some(l), .. }) => problems.push(format!(
-            "IPAM reservation for {key} holds {}, prevResult says {ip}",
-            l.address
+        Ok(Response::Lease { lease: None, .. }) => problems.push(format!(
+            "IPAM reservation for {key} ({}) missing",
+            describe(&want)
         )),
-        Ok(Response::Lease { lease: None, .. }) => {
-            problems.push(format!("IPAM reservation for {key} ({ip}) missing"))
+        Ok(Response::Lease {
+            lease: Some(l),
+            more,
+        }) => {
+            let mut held: Vec<IpAddr> = std::iter::once(&l)
+                .chain(&more)
+                .map(|l| l.address)
+                .collect();
+            held.sort();
+            if held != want {
+                problems.push(format!(
+                    "IPAM reservation for {key} holds {}, prevResult says {}",
+                    describe(&held),
+                    describe(&want)
+                ));
+            }
         }
         Ok(other) => return Err(ipam::unexpected("CHECK", &other)),
         Err(e) => return Err(ipam::to_cni(&e)),
@@ -101,11 +123,10 @@ async fn check_datapath(
     pod: &Nl,
     veth: &str,
     ifname: &str,
-    ip: Ipv4Addr,
+    w: &Wiring,
     want_mtu: u32,
     prev_host_mac: Option<&str>,
     prev_pod_mac: Option<&str>,
-    pod_routes: &[(Ipv4Addr, u8)],
 ) -> Result<Vec<String>, CniError> {
     let mut p = Vec::new();
     let (h, l) = futures::join!(host.link_by_name(veth), pod.link_by_name(ifname));
@@ -139,15 +160,17 @@ async fn check_datapath(
         }
     }
     // The /32 route to the pod through the host veth.
-    let host_routes = host
-        .routes_v4()
-        .await
-        .map_err(|e| nl_err("host: dump routes", e))?;
-    if !host_routes
-        .iter()
-        .any(|r| r.in_main_table() && r.dst == ip && r.dst_len == 32 && r.oif == Some(h.index))
-    {
-        p.push(format!("host route {ip}/32 via {veth} missing"));
+    if let Some(ip) = w.v4 {
+        let host_routes = host
+            .routes_v4()
+            .await
+            .map_err(|e| nl_err("host: dump routes", e))?;
+        if !host_routes
+            .iter()
+            .any(|r| r.in_main_table() && r.dst == ip && r.dst_len == 32 && r.oif == Some(h.index))
+        {
+            p.push(format!("host route {ip}/32 via {veth} missing"));
+        }
     }
     let Some(l) = l else {
         p.push(format!("pod interface {ifname} missing"));
@@ -174,12 +197,33 @@ async fn check_datapath(
             ));
         }
     }
+    if let Some(ip) = w.v4 {
+        p.extend(check_pod_v4(pod, ifname, &l, ip, &w.routes4, h_mac.as_deref(), veth).await?);
+    }
+    if w.v6.is_some() {
+        p.extend(v6::check_v6(host, pod, veth, &h, ifname, &l, w).await?);
+    }
+    Ok(p)
+}
+
+/// The pod side of the IPv4 address `ip`: the /32, the gateway's link route and permanent
+/// neighbour, the pod routes.
+async fn check_pod_v4(
+    pod: &Nl,
+    ifname: &str,
+    l: &Link,
+    ip: std::net::Ipv4Addr,
+    pod_routes: &[(std::net::Ipv4Addr, u8)],
+    h_mac: Option<&str>,
+    veth: &str,
+) -> Result<Vec<String>, CniError> {
     let (addrs, routes, neigh) = futures::join!(
         pod.addrs_v4(l.index),
         pod.routes_v4(),
         pod.neighbours_v4(l.index)
     );
     let addrs = addrs.map_err(|e| nl_err(format!("pod: list addresses on {ifname}"), e))?;
+    let mut p = Vec::new();
     if !addrs.contains(&(ip, 32)) {
         p.push(format!("pod address {ip}/32 on {ifname} missing"));
     }
@@ -216,11 +260,11 @@ async fn check_datapath(
         None => p.push(format!("pod neighbour {GATEWAY} on {ifname} missing")),
         Some((_, ll, permanent)) => {
             let have = ll.as_deref().map(format_mac);
-            if have != h_mac {
+            if have.as_deref() != h_mac {
                 p.push(format!(
                     "pod neighbour {GATEWAY} on {ifname} points at {}, host veth {veth} is {}",
                     have.as_deref().unwrap_or("nothing"),
-                    h_mac.as_deref().unwrap_or("unknown")
+                    h_mac.unwrap_or("unknown")
                 ));
             }
             if !permanent {

@@ -30,10 +30,13 @@ pub fn run(conf: &NetConf) -> Result<(), CniError> {
             for l in &released {
                 tracing::info!(key = %l.key, address = %l.address, "GC released");
             }
-            let keys = released
+            // A dual-stack attachment is released as two leases; the datapath has one entry.
+            let mut keys: Vec<_> = released
                 .into_iter()
                 .map(|l| (l.key.container_id, l.key.ifname))
                 .collect();
+            keys.sort();
+            keys.dedup();
             (Ok(()), keys)
         }
         Ok(other) => (Err(ipam::unexpected("GC", &other)), Vec::new()),

@@ -1,9 +1,17 @@
 //! Talking to aliasnet-ipamd, and mapping its failures to CNI codes.
 
-use aliasnet_cni_types::{code, CniError, NetConf};
+use aliasnet_cni_types::{code, CniError, IpFamily, NetConf};
 use aliasnet_ipam_proto::{
-    spool, AttachmentKey, Client, ClientError, ErrorKind, Request, Response,
+    spool, AttachmentKey, Client, ClientError, ErrorKind, Family, Request, Response,
 };
+
+/// The protocol's name for a family of `ipFamilies`.
+pub fn family(f: IpFamily) -> Family {
+    match f {
+        IpFamily::Ipv4 => Family::Ipv4,
+        IpFamily::Ipv6 => Family::Ipv6,
+    }
+}
 
 pub fn connect(conf: &NetConf) -> Result<Client, ClientError> {
     Client::connect(&conf.ipam_socket, conf.timeout)

@@ -17,6 +17,8 @@ mod nl;
 mod output;
 mod status;
 mod sysctl;
+mod wire;
+mod wiring;
 
 use std::io::Read;
 

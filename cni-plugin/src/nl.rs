@@ -24,6 +24,10 @@ use rtnetlink::{
     Handle, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder,
 };
 
+mod v6;
+
+pub use v6::GATEWAY6;
+
 /// Link-local gateway every pod routes through; answered by the permanent neighbour entry.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 
@@ -384,7 +388,8 @@ impl Nl {
             .collect())
     }
 
-    /// MTU of the interface of the main table's default route (lowest metric wins).
+    /// MTU of the interface of the main table's default route (lowest metric wins), the IPv6
+    /// one when there is no IPv4 one.
     pub async fn default_route_mtu(&self) -> Result<Option<(String, u32)>, rtnetlink::Error> {
         let oif = match self.default_route_oif_by_lookup().await {
             Some(oif) => oif,
@@ -395,10 +400,14 @@ impl Nl {
                     .filter(|r| r.dst_len == 0 && r.in_main_table() && r.kind == RouteType::Unicast)
                     .filter(|r| r.oif.is_some())
                     .min_by_key(|r| r.priority);
-                let Some(oif) = best.and_then(|r| r.oif) else {
-                    return Ok(None);
-                };
-                oif
+                match best.and_then(|r| r.oif) {
+                    Some(oif) => oif,
+                    // An IPv6-only node.
+                    None => match self.default_route6_oif().await? {
+                        Some(oif) => oif,
+                        None => return Ok(None),
+                    },
+                }
             }
         };
         Ok(self

@@ -5,7 +5,11 @@
 //! have run once on the node. Every call here is blocking and runs in the node's network
 //! namespace (the plugin's own) with bpffs visible.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+};
 
 use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, DatapathMode, NetConf};
 use aliasnet_ebpf::{
@@ -138,7 +142,12 @@ pub fn open_for_add(conf: &NetConf, req: &Requested) -> Result<Option<Datapath>,
 /// Who the pod is, from `CNI_ARGS`. Runtimes other than the kubelet's may send neither key:
 /// then the namespace stays empty (not a Kubernetes pod; node policy's default rate applies)
 /// and the name is the container ID.
-pub fn identity(args: &CniArgs, env: &AttachEnv, ip: Ipv4Addr) -> PodIdentity {
+pub fn identity(
+    args: &CniArgs,
+    env: &AttachEnv,
+    ipv4: Option<Ipv4Addr>,
+    ipv6: Option<Ipv6Addr>,
+) -> PodIdentity {
     PodIdentity {
         namespace: args.k8s_pod_namespace.clone().unwrap_or_default(),
         name: args
@@ -147,15 +156,15 @@ pub fn identity(args: &CniArgs, env: &AttachEnv, ip: Ipv4Addr) -> PodIdentity {
             .unwrap_or_else(|| env.container_id.clone()),
         container_id: env.container_id.clone(),
         ifname: env.ifname.clone(),
-        ipv4: Some(ip),
-        ipv6: None,
+        ipv4,
+        ipv6,
     }
 }
 
 /// Checks that the identity fits the pinned maps' fixed-size fields, before anything is
 /// allocated (the address is not known yet; it does not matter here).
 pub fn check_identity(args: &CniArgs, env: &AttachEnv) -> Result<(), CniError> {
-    let id = identity(args, env, Ipv4Addr::UNSPECIFIED);
+    let id = identity(args, env, None, None);
     let fits = |what: &str, s: &str, max: usize| {
         if s.len() < max {
             Ok(())
@@ -245,7 +254,8 @@ pub fn check(
     container_id: &str,
     ifname: &str,
     host_veth: &str,
-    ip: Ipv4Addr,
+    ipv4: Option<Ipv4Addr>,
+    ipv6: Option<Ipv6Addr>,
 ) -> Result<Vec<String>, CniError> {
     let req = requested(conf)?;
     let dp = match conf.datapath {
@@ -294,9 +304,16 @@ pub fn check(
             rec.meta.host_ifindex
         ));
     }
-    if rec.ipv4() != Some(ip) {
+    if rec.ipv4() != ipv4 || rec.ipv6() != ipv6 {
+        let want = crate::wiring::describe(
+            &ipv4
+                .map(std::net::IpAddr::V4)
+                .into_iter()
+                .chain(ipv6.map(std::net::IpAddr::V6))
+                .collect::<Vec<_>>(),
+        );
         p.push(format!(
-            "datapath attachment (slot {slot}) records {}, prevResult says {ip}",
+            "datapath attachment (slot {slot}) records {}, prevResult says {want}",
             rec.addresses()
         ));
     }

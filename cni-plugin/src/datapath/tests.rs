@@ -118,10 +118,17 @@ fn identity_falls_back_to_the_container_id() {
         ifname: "eth0".into(),
         args: String::new(),
     };
-    let id = identity(&CniArgs::default(), &env, Ipv4Addr::new(10, 0, 0, 1));
+    let id = identity(
+        &CniArgs::default(),
+        &env,
+        Some(Ipv4Addr::new(10, 0, 0, 1)),
+        "fd00::1".parse().ok(),
+    );
+    assert_eq!(id.ipv6, "fd00::1".parse().ok());
     assert_eq!((id.namespace.as_str(), id.name.as_str()), ("", "c0ffee"));
     let args = CniArgs::parse("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p").unwrap();
-    let id = identity(&args, &env, Ipv4Addr::new(10, 0, 0, 1));
+    let id = identity(&args, &env, None, "fd00::1".parse().ok());
+    assert_eq!((id.ipv4, id.ipv6), (None, "fd00::1".parse().ok()));
     assert_eq!((id.namespace.as_str(), id.name.as_str()), ("ns", "p"));
     assert!(check_identity(&args, &env).is_ok());
     let long = AttachEnv {
