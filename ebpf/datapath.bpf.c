@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * aliasnet datapath: tc programs that class every IPv4 packet of a pod as
+ * aliasnet datapath: tc programs that class every IPv4 and IPv6 packet of a pod as
  * internal / internet / blocked by longest-prefix match on the remote address,
  * count it per pod x direction x class, drop blocked traffic, and pick the HTB
  * class that shapes it.
@@ -34,19 +34,51 @@
 #include "lib/wndclamp.h"
 
 /*
- * Whether a frame the pod sent (host veth ingress) may be from it: IPv4 only with the pod's
- * own source address, whatever the kernel's reverse-path filter is set to. ARP and IPv6
- * pass (the pod needs ARP for its gateway; IPv6 is not routed for pods). A frame still
- * VLAN-tagged here (the kernel took off an outer tag before tc ingress) hides its header
- * from the programs, and the kernel would strip a second priority tag and route it: it is
- * dropped too. Malformed IPv4 (`ipv4` 0) passes, as ip_rcv drops it.
+ * An IPv6 packet that stays on the link: from a link-local or the unspecified source to a
+ * link-local or link-scope multicast (ff02::/16) destination. Neighbour discovery with the
+ * gateway, router solicitations, MLD and DAD are such packets; the kernel delivers them
+ * locally and never forwards them, so their source cannot be abused beyond the host.
+ */
+static __always_inline int link_scoped6(const struct an_pkt *p)
+{
+	__u32 s = bpf_ntohl(p->saddr6[0]), d = bpf_ntohl(p->daddr6[0]);
+	int unspec = !(p->saddr6[0] | p->saddr6[1] | p->saddr6[2] | p->saddr6[3]);
+
+	return (unspec || (s >> 22) == (0xfe80 >> 6)) &&
+	       ((d >> 22) == (0xfe80 >> 6) || (d >> 16) == 0xff02);
+}
+
+/*
+ * Whether a frame the pod sent (host veth ingress) may be from it: IPv4 and IPv6 only with
+ * the pod's own source address of that family (IPv6 also link-scoped, see link_scoped6()),
+ * whatever the kernel's reverse-path filter is set to. ARP passes (the pod needs it for its
+ * gateway). A frame still VLAN-tagged here (the kernel took off an outer tag before tc
+ * ingress) hides its header from the programs, and the kernel would strip a second priority
+ * tag and route it: it is dropped too. Malformed IPv4 or IPv6 (`parsed` 0) passes, as
+ * ip_rcv and ipv6_rcv drop it.
  */
 static __always_inline int from_pod(const struct __sk_buff *skb, const struct an_pod *pod,
-				    int ipv4, const struct an_pkt *p)
+				    int parsed, const struct an_pkt *p)
 {
 	if (skb->protocol == bpf_htons(ETH_P_8021Q) || skb->protocol == bpf_htons(ETH_P_8021AD))
 		return 0;
-	return !ipv4 || p->saddr == pod->ipv4;
+	if (!parsed)
+		return 1;
+	if (!p->v6)
+		return p->saddr == pod->ipv4;
+	if ((pod->ipv6[0] | pod->ipv6[1] | pod->ipv6[2] | pod->ipv6[3]) &&
+	    p->saddr6[0] == pod->ipv6[0] && p->saddr6[1] == pod->ipv6[1] &&
+	    p->saddr6[2] == pod->ipv6[2] && p->saddr6[3] == pod->ipv6[3])
+		return 1;
+	return link_scoped6(p);
+}
+
+/* The slot of the pod whose address is the packet's source, if any. */
+static __always_inline __u32 *pod_of_source(const struct an_pkt *p)
+{
+	if (p->v6)
+		return bpf_map_lookup_elem(&an_pod_ips6, p->saddr6);
+	return bpf_map_lookup_elem(&an_pod_ips, &p->saddr);
 }
 
 /*
@@ -68,12 +100,12 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	struct an_pod *pod;
 	struct an_pod_meta *meta;
 	__u32 slot;
+	int parsed = parse(skb, &p);
 
-	if (parse(skb, &p))
-		class = classify(cfg, dir == AN_DIR_EGRESS ? p.daddr : p.saddr);
+	if (parsed)
+		class = classify_pkt(cfg, &p, dir == AN_DIR_EGRESS);
 	pod = bpf_map_lookup_elem(&an_pods, &ifindex);
-	/* Only IPv4 has a class other than AN_CLASS_OTHER. */
-	if (dir == AN_DIR_EGRESS && pod && !from_pod(skb, pod, class != AN_CLASS_OTHER, &p)) {
+	if (dir == AN_DIR_EGRESS && pod && !from_pod(skb, pod, parsed, &p)) {
 		count_spoofed(pod->slot, &p);
 		return TC_ACT_SHOT;
 	}
@@ -160,7 +192,7 @@ int an_pod_egress(struct __sk_buff *skb)
 		skb->priority = AN_CLASSID_POD_OTHER + AN_LEAF_BULK;
 		return TC_ACT_UNSPEC;
 	}
-	internet = classify(cfg, p.daddr) == AN_CLASS_INTERNET;
+	internet = classify_pkt(cfg, &p, 1) == AN_CLASS_INTERNET;
 	base = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
 	skb->priority = base + AN_LEAF_BULK;
 	/*
@@ -176,7 +208,7 @@ int an_pod_egress(struct __sk_buff *skb)
 		if (slot >= AN_MAX_PODS)
 			return TC_ACT_UNSPEC;
 	} else {
-		s = bpf_map_lookup_elem(&an_pod_ips, &p.saddr);
+		s = pod_of_source(&p);
 		if (!s)
 			return TC_ACT_UNSPEC;
 		slot = *s;
@@ -244,9 +276,9 @@ int an_uplink(struct __sk_buff *skb)
 
 	if (!parse(skb, &p))
 		return TC_ACT_UNSPEC;
-	if (!bpf_map_lookup_elem(&an_pod_ips, &p.saddr))
+	if (!pod_of_source(&p))
 		return TC_ACT_UNSPEC;
-	if (classify(cfg, p.daddr) != AN_CLASS_INTERNET)
+	if (classify_pkt(cfg, &p, 1) != AN_CLASS_INTERNET)
 		return TC_ACT_UNSPEC;
 	skb->priority = AN_CLASSID_NODE_CAP + AN_LEAF_BULK;
 	count_capped(&p);

@@ -151,8 +151,9 @@ _Static_assert(sizeof(struct an_counter) == 16, "an_counter size");
  * an_counters: per-CPU array indexed by slot. class[AN_CLASS_BLOCKED] doubles
  * as the blocked-drop counter: every blocked packet is dropped. `spoofed` counts what the
  * pod sent that the host veth dropped because it is not from the pod's own address: IPv4
- * with another source, or a frame still VLAN-tagged after the kernel took off the outer
- * tag (see host_side()). Those are in no class.
+ * or IPv6 with another source (IPv6 link-scoped traffic aside, see from_pod()), or a frame
+ * still VLAN-tagged after the kernel took off the outer tag (see host_side()). Those are in
+ * no class. IPv4 and IPv6 count into the same cells.
  */
 struct an_pod_counters {
 	struct an_counter dir[AN_NR_DIRS][AN_NR_CLASSES];

@@ -4,6 +4,7 @@
 #define ALIASNET_LIB_CLASSIFY_H
 
 #include "maps.h"
+#include "parse.h"
 
 /*
  * Longest prefix wins; userspace resolves equal prefixes in both lists to blocked. Only
@@ -21,6 +22,42 @@ static __always_inline __u32 classify(const struct an_config *cfg, __u32 remote)
 	if (!v)
 		return AN_CLASS_INTERNET;
 	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
+}
+
+/*
+ * IPv6 by its own trie (an_prefixes6). Link-local (fe80::/10) and multicast (ff00::/8)
+ * remotes are class "other", as ARP is for IPv4: neighbour discovery and MLD with the
+ * pod's gateway are neither internal nor internet traffic, and are never blocked or shaped
+ * as either.
+ */
+static __always_inline __u32 classify6(const struct an_config *cfg, const __u32 *remote)
+{
+	__u32 first = bpf_ntohl(remote[0]);
+	struct an_lpm6_key key = {
+		.prefixlen = 32 + 128,
+		.gen = cfg ? cfg->active_gen : 0,
+	};
+	struct an_lpm_value *v;
+
+	if ((first >> 22) == (0xfe80 >> 6) || (first >> 24) == 0xff)
+		return AN_CLASS_OTHER;
+	key.addr[0] = remote[0];
+	key.addr[1] = remote[1];
+	key.addr[2] = remote[2];
+	key.addr[3] = remote[3];
+	v = bpf_map_lookup_elem(&an_prefixes6, &key);
+	if (!v)
+		return AN_CLASS_INTERNET;
+	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
+}
+
+/* The class of the packet's remote address, `dst` or its source, in its family. */
+static __always_inline __u32 classify_pkt(const struct an_config *cfg, const struct an_pkt *p,
+					  int dst)
+{
+	if (p->v6)
+		return classify6(cfg, dst ? p->daddr6 : p->saddr6);
+	return classify(cfg, dst ? p->daddr : p->saddr);
 }
 
 #endif /* ALIASNET_LIB_CLASSIFY_H */

@@ -22,8 +22,9 @@
 /* Options fill at most a 60-byte header. */
 #define AN_TCP_MAX_OPTLEN (60 - AN_TCP_HLEN)
 #define AN_TCP_MAX_WSCALE 14
-/* Headers of a frame carrying one full-sized TCP segment without options. */
+/* Headers of a frame carrying one full-sized TCP segment without options, per family. */
 #define AN_TCP_FRAME_HDRS (ETH_HLEN + sizeof(struct iphdr) + sizeof(struct an_tcphdr))
+#define AN_TCP6_FRAME_HDRS (ETH_HLEN + AN_IP6_HLEN + sizeof(struct an_tcphdr))
 
 /*
  * Whether the TCP header `th` at `off` is whole: at least its fixed part and within the
@@ -38,16 +39,20 @@ static __always_inline int tcp_header_fits(const struct __sk_buff *skb, __u32 of
 }
 
 /*
- * The offset in the packet of TCP option `kind` of length `len` in the header `th` at `off`,
- * or 0 if it has none. An option the walk does not reach (more than 16 options) counts as
- * absent, which only makes the clamps looser.
+ * The offset in the packet of TCP option `kind` of length `len` in the header at `off`
+ * whose data-offset byte is `doff`, or 0 if it has none. An option the walk does not reach
+ * (more than 16 options) counts as absent, which only makes the clamps looser. A global
+ * function, checked once by the verifier rather than at every call in every program path.
  */
-static __always_inline __u32 tcp_option(struct __sk_buff *skb, __u32 off,
-					const struct an_tcphdr *th, __u8 kind, __u8 len)
+__attribute__((noinline)) __u32 an_tcp_option(struct __sk_buff *skb, __u32 off, __u32 doff,
+					      __u32 kind, __u32 len)
 {
-	__u32 hlen = AN_TCP_HDR_LEN(th->doff), optlen = hlen > AN_TCP_HLEN ? hlen - AN_TCP_HLEN : 0;
+	__u32 hlen = AN_TCP_HDR_LEN(doff & 0xff), optlen = hlen > AN_TCP_HLEN ? hlen - AN_TCP_HLEN : 0;
 	__u32 i = 0;
 	__u8 opt[AN_TCPOPT_HDR];
+
+	if (!skb)
+		return 0;
 
 	for (int n = 0; n < 16; n++) {
 		if (i >= optlen || i >= AN_TCP_MAX_OPTLEN)
@@ -69,6 +74,12 @@ static __always_inline __u32 tcp_option(struct __sk_buff *skb, __u32 off,
 	return 0;
 }
 
+static __always_inline __u32 tcp_option(struct __sk_buff *skb, __u32 off,
+					const struct an_tcphdr *th, __u8 kind, __u8 len)
+{
+	return an_tcp_option(skb, off, th->doff, kind, len);
+}
+
 /* The window-scale option of a SYN or SYN-ACK, or -1 if it has none. */
 static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
 				      const struct an_tcphdr *th)
@@ -83,23 +94,24 @@ static __always_inline int tcp_wscale(struct __sk_buff *skb, __u32 off,
 
 /*
  * Lowers the MSS option of a SYN or SYN-ACK to what frames of `seg` bytes carry (Ethernet,
- * IPv4 and TCP headers without options taken off), as MSS clamping to the path MTU does.
+ * IP and TCP headers without options taken off), as MSS clamping to the path MTU does.
  */
 static __always_inline void clamp_mss(struct __sk_buff *skb, __u32 off,
-				      const struct an_tcphdr *th, __u64 seg)
+				      const struct an_tcphdr *th, __u64 seg, int v6)
 {
+	__u64 hdrs = v6 ? AN_TCP6_FRAME_HDRS : AN_TCP_FRAME_HDRS;
 	__u32 at;
 	__be16 old, new;
 
 	if (!tcp_header_fits(skb, off, th))
 		return;
 	at = tcp_option(skb, off, th, AN_TCPOPT_MSS, AN_TCPOLEN_MSS);
-	if (!at || seg <= AN_TCP_FRAME_HDRS ||
+	if (!at || seg <= hdrs ||
 	    bpf_skb_load_bytes(skb, at + AN_TCPOPT_HDR, &old, sizeof(old)) < 0)
 		return;
-	if (bpf_ntohs(old) <= seg - AN_TCP_FRAME_HDRS)
+	if (bpf_ntohs(old) <= seg - hdrs)
 		return;
-	new = bpf_htons((__u16)(seg - AN_TCP_FRAME_HDRS));
+	new = bpf_htons((__u16)(seg - hdrs));
 	if (bpf_skb_store_bytes(skb, at + AN_TCPOPT_HDR, &new, sizeof(new), 0) < 0)
 		return;
 	bpf_l4_csum_replace(skb, off + AN_TCP_CHECK, old, new, sizeof(new));
@@ -161,17 +173,15 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 
 	if (bpf_skb_load_bytes(skb, off, &th, sizeof(th)) < 0)
 		return;
-	/* IPv4 as IPv4-mapped IPv6. */
-	key.pod_addr[2] = bpf_htonl(0xffff);
-	key.remote_addr[2] = bpf_htonl(0xffff);
+	/* IPv4 as IPv4-mapped IPv6 (see struct an_pkt). */
+	for (int i = 0; i < 4; i++) {
+		key.pod_addr[i] = dir == AN_DIR_EGRESS ? p->saddr6[i] : p->daddr6[i];
+		key.remote_addr[i] = dir == AN_DIR_EGRESS ? p->daddr6[i] : p->saddr6[i];
+	}
 	if (dir == AN_DIR_EGRESS) {
-		key.pod_addr[3] = p->saddr;
-		key.remote_addr[3] = p->daddr;
 		key.pod_port = th.source;
 		key.remote_port = th.dest;
 	} else {
-		key.pod_addr[3] = p->daddr;
-		key.remote_addr[3] = p->saddr;
 		key.pod_port = th.dest;
 		key.remote_port = th.source;
 	}
@@ -189,14 +199,14 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		if (dir == AN_DIR_EGRESS && ingress_limited) {
 			meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 			if (meta && meta->ingress_rate)
-				clamp_mss(skb, off, &th, seg_frame(meta->ingress_rate, frame));
+				clamp_mss(skb, off, &th, seg_frame(meta->ingress_rate, frame), p->v6);
 		} else if (dir == AN_DIR_INGRESS) {
 			__u64 r = egress_rate;
 
 			if (capped && cfg && (!r || cfg->node_internet_cap < r))
 				r = cfg->node_internet_cap;
 			if (r)
-				clamp_mss(skb, off, &th, seg_frame(r, frame));
+				clamp_mss(skb, off, &th, seg_frame(r, frame), p->v6);
 		}
 		if (!ingress_limited && !capped)
 			return;

@@ -130,10 +130,9 @@ fn ipv4_options_do_not_move_the_addresses() {
 fn non_ip_passes_and_is_counted_as_other() {
     let mut f = Fixture::with_policy();
     let arp = arp_request();
-    // IPv6 header (40 bytes) + 8 bytes: not classified (the pods are IPv4 only).
-    let mut v6 = eth(0x86dd);
-    v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 8, 17, 64]);
-    v6.extend_from_slice(&[0u8; 40]);
+    // Ethertype says IPv6 but the version is 4: ipv6_rcv drops it, we pass it unclassified.
+    let mut v6 = Ip6::new(ip6("fd00:99::1"), ip6("fd00:ec2::254")).build();
+    v6[ETH_HLEN] = 0x40;
     // Ethertype says IPv4 but the header is bad (IHL 3): the stack drops it, we pass it.
     let mut bad = Ip::new(POD_IP, ip("169.254.169.254")).build();
     bad[ETH_HLEN] = 0x43;

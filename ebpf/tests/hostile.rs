@@ -162,16 +162,15 @@ fn forged_sources_are_dropped_on_the_host_veth_and_counted_as_spoofed() {
 }
 
 #[test]
-fn arp_ipv6_and_malformed_ipv4_from_the_pod_still_pass() {
+fn arp_and_malformed_ip_from_the_pod_still_pass() {
     let mut f = fixture();
-    // ARP for the gateway names the pod's address as sender; IPv6 is not routed for pods;
-    // malformed IPv4 is dropped by ip_rcv. All as before: passed and counted as other. (A
-    // test run refuses an IPv4 frame shorter than the fixed header; the parser's bounded
-    // load passes one as other.)
+    // ARP for the gateway names the pod's address as sender; malformed IPv4 and IPv6 are
+    // dropped by ip_rcv and ipv6_rcv. Passed and counted as other. (A test run refuses an IP
+    // frame shorter than the fixed header; the parser's bounded load passes one as other.)
     let arp = arp_request();
-    let mut v6 = eth(0x86dd);
-    v6.extend_from_slice(&[0x60, 0, 0, 0, 0, 0, 59, 64]);
-    v6.extend_from_slice(&[0; 32]);
+    // IPv6 ethertype, version 5.
+    let mut v6 = Ip6::new(ip6("2001:db8::66"), ip6("fd00:ec2::254")).build();
+    v6[ETH_HLEN] = 0x50;
     let mut bad_ihl = Ip::new(Ipv4Addr::new(198, 51, 100, 1), INTERNET).build();
     bad_ihl[ETH_HLEN] = 0x43;
     for pkt in [&arp, &v6, &bad_ihl] {

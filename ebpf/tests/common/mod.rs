@@ -7,6 +7,8 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
+mod v6;
+
 use std::net::Ipv4Addr;
 
 use aliasnet_ebpf::{abi, datapath_object, maps, programs};
@@ -15,6 +17,8 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
     Ebpf, EbpfLoader,
 };
+
+pub use v6::*;
 
 pub const TC_ACT_UNSPEC: u32 = u32::MAX; // -1
 pub const TC_ACT_SHOT: u32 = 2;
@@ -96,6 +100,7 @@ impl Fixture {
             abi::Pod {
                 slot: SLOT,
                 ipv4: POD_IP.octets(),
+                ipv6: POD_IP6.octets(),
                 ..Default::default()
             },
             0,
@@ -104,6 +109,9 @@ impl Fixture {
         let mut ips: HashMap<_, [u8; 4], u32> = f.map(maps::POD_IPS);
         ips.insert(POD_IP.octets(), SLOT, 0)
             .expect("register pod ip");
+        let mut ips6: HashMap<_, [u8; 16], u32> = f.map(maps::POD_IPS6);
+        ips6.insert(POD_IP6.octets(), SLOT, 0)
+            .expect("register pod IPv6");
         f
     }
 
@@ -260,7 +268,7 @@ impl Fixture {
         );
         f.prefix(0, (Ipv4Addr::new(10, 99, 0, 0), 16), abi::CLASS_BLOCKED);
         f.prefix(0, (Ipv4Addr::new(10, 99, 7, 0), 24), abi::CLASS_INTERNAL);
-        f
+        f.with_policy6()
     }
 }
 
