@@ -25,7 +25,7 @@ use std::{
 
 use aliasnet_tests::{
     cni::{invoke, plugin_config, Invocation, Outcome},
-    fabric::{Fabric, FabricOpts, Stack, DUAL_STACK_POLICY},
+    fabric::{Fabric, FabricOpts, Stack},
     netns::Netns,
 };
 use anyhow::{bail, Context, Result};
@@ -319,11 +319,6 @@ pub fn run(args: Args) -> Result<()> {
         pool: Some(r#"cidrs = ["10.241.0.0/16"]"#.into()),
         pool6: Some(r#"cidrs = ["fd00:241::/112"]"#.into()),
         stack: if dual { Stack::Dual } else { Stack::Ipv4 },
-        shaper_policy: if dual {
-            DUAL_STACK_POLICY.into()
-        } else {
-            FabricOpts::default().shaper_policy
-        },
         plugin_extra: json!({"logLevel": "info"}),
         ..Default::default()
     })?;

@@ -37,12 +37,9 @@ pub const INTERNET_IP2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 /// one behind it (as 198.51.100.10 is).
 pub const INTERNET_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
 pub const INTERNET_IP6_2: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0x10);
-/// The fabric's VNet and cluster ranges: nodes 10.100.0.0/16, pods 10.240.0.0/16.
-pub const DEFAULT_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\"]\n";
-/// [`DEFAULT_POLICY`] plus the fabric's IPv6 ranges (uplinks fd00:100::/48, pods
-/// fd00:240::/48, both inside the unique-local fd00::/8): the policy of a fabric whose pods
-/// have IPv6 addresses.
-pub const DUAL_STACK_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\", \"fd00::/8\"]\n";
+/// The fabric's VNet and cluster ranges: nodes 10.100.0.0/16, pods 10.240.0.0/16; in IPv6
+/// uplinks fd00:100::/48 and pods fd00:240::/48, both inside the unique-local fd00::/8.
+pub const DEFAULT_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\", \"fd00::/8\"]\n";
 
 /// Node `i`'s uplink address on the VNet (`fd00:100:<i>::2/64`; the router is `::1`).
 pub fn uplink_ip6(i: usize) -> Ipv6Addr {
@@ -162,20 +159,18 @@ pub struct Pod {
 }
 
 impl FabricOpts {
-    /// Two nodes with an IPv4 and an IPv6 pool each and [`DUAL_STACK_POLICY`].
+    /// Two nodes with an IPv4 and an IPv6 pool each.
     pub fn dual_stack() -> Self {
         Self {
             stack: Stack::Dual,
-            shaper_policy: DUAL_STACK_POLICY.into(),
             ..Self::default()
         }
     }
 
-    /// Two nodes with only an IPv6 pool each and [`DUAL_STACK_POLICY`].
+    /// Two nodes with only an IPv6 pool each.
     pub fn ipv6_only() -> Self {
         Self {
             stack: Stack::Ipv6,
-            shaper_policy: DUAL_STACK_POLICY.into(),
             ..Self::default()
         }
     }
@@ -190,8 +185,19 @@ impl Fabric {
             .context("scratch dir")?;
         let vnet = Netns::new(&format!("an{tag}-vnet"))?;
         vnet.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
-        vnet.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
+        // No duplicate address detection on the fabric's own links (links created from here
+        // on): while a link's link-local address is tentative, the router delays the
+        // neighbour solicitations of the packets it forwards out of it by 1-2 s.
+        vnet.exec(
+            "sysctl",
+            &[
+                "-qw",
+                "net.ipv6.conf.all.forwarding=1",
+                "net.ipv6.conf.default.accept_dad=0",
+            ],
+        )?;
         let internet = Netns::new(&format!("an{tag}-inet"))?;
+        internet.exec("sysctl", &["-qw", "net.ipv6.conf.default.accept_dad=0"])?;
 
         // The internet: 203.0.113.0/24 link, 198.51.100.10 behind it.
         vnet.ip(&[
@@ -276,6 +282,9 @@ impl Node {
             "link", "add", &vnet_if, "mtu", &mtu, "type", "veth", "peer", "name", "eth0", "mtu",
             &mtu, "netns", &ns.name,
         ])?;
+        // The node's uplink is ready at once, like a cloud NIC (see the router's accept_dad);
+        // the node's other links (the plugin's veths) keep the kernel default.
+        ns.exec("sysctl", &["-qw", "net.ipv6.conf.eth0.accept_dad=0"])?;
         vnet.ip(&["addr", "add", &format!("10.100.{i}.1/24"), "dev", &vnet_if])?;
         vnet.ip(&["link", "set", &vnet_if, "up"])?;
         ns.ip(&["addr", "add", &format!("10.100.{i}.2/24"), "dev", "eth0"])?;
