@@ -1,4 +1,4 @@
-//! Traffic between namespaces: one-shot iperf3 servers and ping summaries.
+//! Traffic between namespaces: one-shot iperf3 servers, ping summaries and captures.
 
 use std::{
     net::Ipv4Addr,
@@ -140,4 +140,37 @@ pub fn parse_ping(out: &[u8]) -> Ping {
         p.max = f64::NAN;
     }
     p
+}
+
+/// `tcpdump -c count filter` on `iface` in `ns` while `during` runs: the lines it printed
+/// (at most `count` packets; it is stopped 10 s after `during` returns at the latest).
+pub fn capture(ns: &Netns, iface: &str, count: u32, filter: &str, during: impl FnOnce()) -> String {
+    use std::io::Read as _;
+    let count = count.to_string();
+    let mut dump = ns
+        .command("tcpdump")
+        .args(["-l", "-n", "-i", iface, "-c", &count, filter])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tcpdump");
+    // tcpdump prints nothing when its capture is open; give it the time to open it.
+    std::thread::sleep(Duration::from_millis(700));
+    during();
+    let start = Instant::now();
+    while dump.try_wait().expect("tcpdump status").is_none() {
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = dump.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = String::new();
+    dump.stdout
+        .take()
+        .expect("stdout piped")
+        .read_to_string(&mut out)
+        .expect("read tcpdump output");
+    let _ = dump.wait();
+    out
 }

@@ -1,13 +1,14 @@
 //! End-to-end tests of the alias-IP datapath through the real `aliasnet` binary and
 //! `aliasnet-ipamd`, on the namespace fabric (see `aliasnet_tests::fabric`).
 
-use std::{os::unix::fs::MetadataExt, process::Stdio, time::Duration};
+use std::{os::unix::fs::MetadataExt, time::Duration};
 
 use aliasnet_tests::{
     cni::Invocation,
     fabric::{Fabric, FabricOpts, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
     require_root, test_mtu,
+    traffic::capture,
 };
 use serde_json::json;
 
@@ -45,17 +46,7 @@ fn pods_reach_each_other_and_the_internet_without_encapsulation() {
 
     // Capture on the fabric link of node1 while a crosses to c: the packets carry the pod
     // addresses themselves (no outer header), as plain ICMP.
-    let mut dump = f
-        .vnet
-        .command("tcpdump")
-        .args(["-l", "-n", "-i", "n1", "-c", "4", "icmp"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    assert!(a.ping(c.ip, &[]));
-    let out = wait_output(&mut dump, Duration::from_secs(10));
+    let out = capture(&f.vnet, "n1", 4, "icmp", || assert!(a.ping(c.ip, &[])));
     let want_req = format!("IP {} > {}: ICMP echo request", a.ip, c.ip);
     let want_rep = format!("IP {} > {}: ICMP echo reply", c.ip, a.ip);
     assert!(
@@ -85,22 +76,6 @@ fn pods_reach_each_other_and_the_internet_without_encapsulation() {
     }
     n1.assert_clean();
     n2.assert_clean();
-}
-
-/// Kill `child` after `timeout` and return its stdout.
-fn wait_output(child: &mut std::process::Child, timeout: Duration) -> String {
-    let start = std::time::Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut s = String::new();
-    use std::io::Read;
-    child.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-    s
 }
 
 #[test]
