@@ -236,12 +236,14 @@ async fn attach(
     // The daemon's answer is the more useful error (pool exhausted, daemon down).
     let leases = leases.map_err(|e| e.context("allocating an address"))?;
     let addrs: Vec<IpAddr> = leases.iter().map(|l| l.address).collect();
-    let w = Wiring::new(conf, &addrs).map_err(|e| {
-        CniError::new(
-            code::IPAM_ERROR,
-            format!("aliasnet-ipamd answered the allocation for {host_veth} with {e}"),
-        )
-    })?;
+    let w = Wiring::new(conf, &addrs)
+        .and_then(|w| w.check_families(conf).map(|()| w))
+        .map_err(|e| {
+            CniError::new(
+                code::IPAM_ERROR,
+                format!("aliasnet-ipamd's allocation for {host_veth}: {e}"),
+            )
+        })?;
     let (hlink, plink) = match (pair, wired) {
         (_, Some(w)) => w?,
         (Pair::Failed(e), _) => return Err(e),

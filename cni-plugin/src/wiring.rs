@@ -82,6 +82,28 @@ impl Wiring {
             .collect()
     }
 
+    /// The families present, IPv4 first (the order `ipFamilies` is kept in).
+    pub fn families(&self) -> Vec<IpFamily> {
+        self.addrs().into_iter().map(IpFamily::of).collect()
+    }
+
+    /// With `ipFamilies`, exactly those families: a daemon that predates the key ignores it
+    /// and would otherwise hand out whatever its pools serve.
+    pub fn check_families(&self, conf: &NetConf) -> Result<(), String> {
+        match &conf.ip_families {
+            Some(want) if *want != self.families() => Err(format!(
+                "ipFamilies asks for {} but the leases are {} (is aliasnet-ipamd older than \
+                 ipFamilies?)",
+                want.iter()
+                    .map(|f| f.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                describe(&self.addrs())
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// `ips` of the result: IPv4 first, each on interface `pod_if` with its gateway.
     pub fn ips(&self, pod_if: usize) -> Vec<IpConfig> {
         let v4 = self.v4.map(|a| IpConfig {
@@ -224,6 +246,30 @@ mod tests {
             json!([{"version": "6", "address": "2001:db8::7/128", "gateway": "fe80::1", "interface": 1}])
         );
         assert_eq!(doc["routes"], json!([{"dst": "::/0", "gw": "fe80::1"}]));
+    }
+
+    #[test]
+    fn leases_must_match_ip_families() {
+        let dual = conf(json!({"ipFamilies": ["ipv6", "ipv4"]}));
+        let w = Wiring::new(&dual, &[ip("10.0.0.1")]).unwrap();
+        let e = w.check_families(&dual).unwrap_err();
+        assert!(e.contains("ipv4, ipv6") && e.contains("10.0.0.1"), "{e}");
+        let w = Wiring::new(&dual, &[ip("fd00::1"), ip("10.0.0.1")]).unwrap();
+        assert_eq!(w.families(), vec![IpFamily::Ipv4, IpFamily::Ipv6]);
+        w.check_families(&dual).unwrap();
+        let v6 = conf(json!({"ipFamilies": ["ipv6"]}));
+        assert!(Wiring::new(&v6, &[ip("10.0.0.1")])
+            .unwrap()
+            .check_families(&v6)
+            .is_err());
+        // Without the key, whatever the daemon serves.
+        let any = conf(json!({}));
+        for addrs in [vec![ip("10.0.0.1")], vec![ip("fd00::1")]] {
+            Wiring::new(&any, &addrs)
+                .unwrap()
+                .check_families(&any)
+                .unwrap();
+        }
     }
 
     #[test]
