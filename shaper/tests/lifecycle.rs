@@ -21,14 +21,14 @@ use fabric::*;
 const PING_FRAME: u64 = 142;
 
 const POLICY_A: &str = r#"
-internal_cidrs = ["10.0.0.0/8", "100.64.0.0/16"]
-blocked_cidrs = ["198.51.100.0/24"]
+internal_cidrs = ["10.0.0.0/8", "100.64.0.0/16", "fd00::/8"]
+blocked_cidrs = ["198.51.100.0/24", "2001:db8:a::/48"]
 pod_internet_egress_rate = "10M"
 "#;
 
 const POLICY_B: &str = r#"
-internal_cidrs = ["10.0.0.0/8", "100.64.0.0/16"]
-blocked_cidrs = ["198.51.100.0/24", "203.0.113.0/24"]
+internal_cidrs = ["10.0.0.0/8", "100.64.0.0/16", "fd00::/8"]
+blocked_cidrs = ["198.51.100.0/24", "203.0.113.0/24", "2001:db8:b::/48"]
 pod_internet_egress_rate = "30M"
 "#;
 
@@ -189,6 +189,22 @@ fn policy_reload_applies_changes_and_rejects_invalid_ones() {
     let active = dp.active_prefixes().unwrap();
     assert!(
         active.contains(&("203.0.113.0".parse().unwrap(), 24, abi::CLASS_BLOCKED)),
+        "{active:?}"
+    );
+    // Both families switched with the generation: B's IPv6 prefixes, not A's, and the IPv6
+    // metadata endpoint.
+    for (prefix, len, class) in [
+        ("fd00::", 8, abi::CLASS_INTERNAL),
+        ("2001:db8:b::", 48, abi::CLASS_BLOCKED),
+        ("fd00:ec2::254", 128, abi::CLASS_BLOCKED),
+    ] {
+        assert!(
+            active.contains(&(prefix.parse().unwrap(), len, class)),
+            "{prefix}/{len} in {active:?}"
+        );
+    }
+    assert!(
+        !active.contains(&("2001:db8:a::".parse().unwrap(), 48, abi::CLASS_BLOCKED)),
         "{active:?}"
     );
 
