@@ -117,6 +117,31 @@ fn add_results_per_version() {
     }
 }
 
+/// A dual-stack pod's result: the IPv6 /128 after the IPv4 /32, each family's default route
+/// via its link-local gateway.
+fn dual_stack_result() -> CniResult {
+    let gw6: IpAddr = "fe80::1".parse().expect("gateway");
+    let mut r = add_result();
+    r.ips.push(IpConfig {
+        address: "fd00:240:1::7/128".parse().expect("address"),
+        gateway: Some(gw6),
+        interface: Some(1),
+    });
+    r.routes
+        .push(Route::new("::/0".parse().expect("route"), Some(gw6)));
+    r
+}
+
+#[test]
+fn dual_stack_results_per_version() {
+    let r = dual_stack_result();
+    for v in SUPPORTED_VERSIONS {
+        let mut got = serde_json::to_vec(&r.to_json(v)).expect("serialise");
+        got.push(b'\n');
+        check(&format!("result-dual-stack-{}.json", v.as_str()), &got);
+    }
+}
+
 #[test]
 fn error_documents_per_version() {
     for v in SUPPORTED_VERSIONS {
