@@ -15,10 +15,13 @@ pub fn run(conf: &NetConf) -> Result<(), CniError> {
     // Local and cheap, so first.
     datapath::status(conf).map_err(unavailable)?;
     match ipam::call(conf, &req) {
-        Ok(Response::Status { ready: true, .. }) => match &conf.ip_families {
-            None => Ok(()),
-            Some(families) => families_ready(conf, families).map_err(unavailable),
-        },
+        // The daemon answers for every family it serves (what an Allocate without a family
+        // list needs); with ipFamilies only the listed ones count, whatever it said.
+        Ok(Response::Status { .. }) if conf.ip_families.is_some() => {
+            let families = conf.ip_families.as_deref().unwrap_or_default();
+            families_ready(conf, families).map_err(unavailable)
+        }
+        Ok(Response::Status { ready: true, .. }) => Ok(()),
         Ok(Response::Status { free, reason, .. }) => Err(unavailable(format!(
             "aliasnet-ipamd cannot allocate: {} ({free} free)",
             reason.unwrap_or_else(|| "no free address".into())
@@ -37,8 +40,9 @@ pub fn run(conf: &NetConf) -> Result<(), CniError> {
     }
 }
 
-/// With `ipFamilies`, an ADD needs a free address of each listed family (all or nothing); the
-/// daemon's STATUS answers for any family, so the pools' statistics decide.
+/// With `ipFamilies`, an ADD needs an address of each listed family (all or nothing); the
+/// daemon's STATUS answers for every family it serves, so the pools' statistics decide. An
+/// address whose veth teardown is pending counts, as the daemon counts it: it is free soon.
 fn families_ready(conf: &NetConf, families: &[IpFamily]) -> Result<(), String> {
     let pools = match ipam::call(conf, &Request::Stats) {
         Ok(Response::Stats { pools, .. }) => pools,
@@ -83,7 +87,7 @@ fn missing_families(pools: &[PoolStats], pool: Option<&str>, want: &[IpFamily]) 
             };
             !pools
                 .iter()
-                .any(|p| p.family == fam && p.free > 0 && eligible(p))
+                .any(|p| p.family == fam && p.free + p.pending_teardown > 0 && eligible(p))
         })
         .collect()
 }
@@ -123,5 +127,9 @@ mod tests {
         assert!(missing_families(&pools, Some("v4b"), &both).is_empty());
         assert!(missing_families(&pools, Some("v6"), &both).is_empty());
         assert_eq!(missing_families(&[], None, &both), both);
+        // Free soon: the daemon is tearing down a released attachment's veth.
+        let mut draining = pool("v6", Family::Ipv6, 0);
+        draining.pending_teardown = 1;
+        assert!(missing_families(&[draining], None, &[IpFamily::Ipv6]).is_empty());
     }
 }
