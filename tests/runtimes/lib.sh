@@ -112,10 +112,29 @@ make_fabric() {
   ip -n "$inet" route add default via 203.0.113.1
 }
 
+# add_fabric_ipv6 NODE ROUTER INET POD_PREFIX6: IPv6 on make_fabric's links (node
+# fd00:100::2/64 behind router fd00:100::1; router 2001:db8::1/64, internet host 2001:db8::10) and
+# POD_PREFIX6 routed to the node. The addresses skip duplicate address detection (nothing else is
+# on these links): a tentative address would not route for 1-2 s.
+add_fabric_ipv6() {
+  local node=$1 rtr=$2 inet=$3 pods6=$4
+  in_ns "$rtr" sysctl -qw net.ipv6.conf.all.forwarding=1
+  ip -n "$node" addr add fd00:100::2/64 dev eth0 nodad
+  ip -n "$node" -6 route add default via fd00:100::1
+  ip -n "$rtr" addr add fd00:100::1/64 dev to-node nodad
+  ip -n "$rtr" addr add 2001:db8::1/64 dev to-inet nodad
+  ip -n "$rtr" -6 route add "$pods6" via fd00:100::2
+  ip -n "$inet" addr add 2001:db8::10/64 dev eth0 nodad
+  ip -n "$inet" -6 route add default via 2001:db8::1
+}
+
 # node_links NODE: links of the node netns other than lo and eth0 (pod host veths).
 node_links() { ip -n "$1" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -vx 'lo\|eth0' || true; }
-# node_pod_routes NODE: host routes to pods (scope link /32s via veths).
-node_pod_routes() { ip -n "$1" route show | grep -v '^default\|^198\.51\.100\.0/24' || true; }
+# node_pod_routes NODE: host routes to pods (scope link /32s and /128s via veths).
+node_pod_routes() {
+  ip -n "$1" route show | grep -v '^default\|^198\.51\.100\.0/24' || true
+  ip -n "$1" -6 route show | grep -v '^default\|^fd00:100::/64\|^fe80::/64 dev eth0\|^multicast' || true
+}
 
 # ---- a private mount namespace for a runtime ----
 # Runtimes write to fixed host paths (/var/lib/cni/results, /var/lib/containers/cache,
