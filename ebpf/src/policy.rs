@@ -34,7 +34,8 @@ pub struct NodePolicy {
     pub pod_internet_egress_rate: Option<u64>,
     /// bit/s for all pods together; `None` = no cap.
     pub node_internet_egress_cap: Option<u64>,
-    /// The uplink for the node cap; `None` = the interface of the IPv4 default route.
+    /// The uplink for the node cap; `None` = the interface of the IPv4 default route (else
+    /// of the IPv6 one).
     pub uplink: Option<String>,
     /// Per-namespace internet-egress rate; `None` = unlimited for that namespace.
     pub namespaces: BTreeMap<String, Option<u64>>,
@@ -264,7 +265,7 @@ impl Datapath {
 }
 
 /// The uplink by name, or the interface of the IPv4 default route of the calling thread's
-/// network namespace.
+/// network namespace (of the IPv6 default route on a node without an IPv4 one).
 pub fn resolve_uplink(name: Option<&str>) -> Result<(String, u32), DatapathError> {
     let name = match name {
         Some(n) => n.to_owned(),
@@ -273,20 +274,34 @@ pub fn resolve_uplink(name: Option<&str>) -> Result<(String, u32), DatapathError
             let path = "/proc/thread-self/net/route";
             let text =
                 std::fs::read_to_string(path).map_err(|e| DatapathError::io("read", path, e))?;
-            text.lines()
+            let v4 = text
+                .lines()
                 .skip(1)
                 .filter_map(|l| {
                     let f: Vec<&str> = l.split_whitespace().collect();
                     (f.len() > 7 && f[1] == "00000000" && f[7] == "00000000")
                         .then(|| f[0].to_owned())
                 })
-                .next()
-                .ok_or_else(|| {
-                    DatapathError::Uplink(
-                        "no IPv4 default route to take the uplink from; set `uplink` in the policy"
-                            .to_owned(),
-                    )
-                })?
+                .next();
+            // ipv6_route: destination, its length, ..., the device last. The kernel's
+            // unreachable default on lo is not an uplink. Absent without IPv6.
+            let v6 = || {
+                let text = std::fs::read_to_string("/proc/thread-self/net/ipv6_route").ok()?;
+                text.lines().find_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.len() == 10
+                        && f[0].bytes().all(|b| b == b'0')
+                        && f[1] == "00"
+                        && f[9] != "lo")
+                        .then(|| f[9].to_owned())
+                })
+            };
+            v4.or_else(v6).ok_or_else(|| {
+                DatapathError::Uplink(
+                    "no default route to take the uplink from; set `uplink` in the policy"
+                        .to_owned(),
+                )
+            })?
         }
     };
     let ifindex = nix::net::if_::if_nametoindex(name.as_str())

@@ -14,7 +14,7 @@
 //! pod_internet_egress_rate = "100M"
 //! # Cap on all pods' internet egress together, enforced on the uplink (omit for none).
 //! node_internet_egress_cap = "1G"
-//! # Uplink for the node cap (default: the interface of the IPv4 default route).
+//! # Uplink for the node cap (default: the interface of the IPv4 default route, else the IPv6 one).
 //! uplink = "eth0"
 //!
 //! [namespaces.research]

@@ -52,7 +52,7 @@ pub const FILTER_PRIO: u16 = 1;
 /// Handle of our filter within that priority.
 pub const FILTER_HANDLE: u32 = 1;
 
-/// `ETH_P_ALL`: the filters see every protocol (the programs class non-IPv4 as "other").
+/// `ETH_P_ALL`: the filters see every protocol (the programs class what is neither IPv4 nor IPv6 as "other").
 const ETH_P_ALL: u16 = 0x0003;
 /// `TC_H_MAKE(TC_H_CLSACT, 0)`: the clsact qdisc's handle `ffff:`.
 const CLSACT_HANDLE: u32 = 0xffff_0000;
