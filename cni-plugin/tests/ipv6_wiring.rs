@@ -344,13 +344,27 @@ fn dual_stack_pod_add_check_del() {
     s.pod.ip(&[
         "-6", "route", "del", "default", "via", "fe80::1", "dev", "eth0",
     ]);
+    // ... and a pod setting that would bring duplicate address detection back, and the
+    // neighbour entry of the gateway.
+    assert!(s
+        .pod
+        .exec_ok(&["sysctl", "-qw", "net.ipv6.conf.eth0.accept_dad=1"]));
+    s.pod.ip(&["-6", "neigh", "del", "fe80::1", "dev", "eth0"]);
     let check = s.cni("CHECK", &s.with_prev(&r));
     let e = check.doc.unwrap();
     assert!(!check.ok);
     assert_eq!(e["code"], 107, "{e}");
+    let msg = e["msg"].as_str().unwrap();
+    for want in [
+        "pod IPv6 default route via fe80::1 dev eth0 missing",
+        "net.ipv6.conf.eth0.accept_dad is 1, want 0",
+        "pod neighbour fe80::1 on eth0 missing",
+    ] {
+        assert!(msg.contains(want), "{want}: {msg}");
+    }
     assert!(
-        e["msg"].as_str().unwrap().contains("IPv6 default route"),
-        "{e}"
+        !msg.contains("169.254.1.1"),
+        "the IPv4 side is intact: {msg}"
     );
 
     let del = s.cni("DEL", &s.with_prev(&r));
