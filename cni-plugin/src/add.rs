@@ -1,11 +1,11 @@
 //! ADD: reserve an address per family, build the veth pair with the peer born in the pod's
-//! netns, wire each address (/32 or /128 + link-local gateway, see `wiring.rs`), attach the eBPF datapath (classification, counters,
-//! shaping; see `datapath.rs`), and return the result. Any failure after something was created
-//! rolls everything back, the reservation included.
+//! netns, wire each address (/32 or /128 + link-local gateway; see `wiring.rs`), attach the
+//! eBPF datapath (classification, counters, shaping; see `datapath/`), and return the result.
+//! Any failure after something was created rolls everything back, the reservations included.
 //!
 //! The daemon round trip (which includes its fsync) is the longest step, so the Allocate goes
 //! out on a helper thread right after connecting, and this thread sets up netlink and creates
-//! the veth pair meanwhile: the two are independent until the address is known.
+//! the veth pair meanwhile: the two are independent until the addresses are known.
 
 use std::{net::IpAddr, time::Instant};
 

@@ -1,6 +1,6 @@
 //! DEL: best effort and idempotent. Needs neither the netns nor `prevResult`: the host veth
 //! name and the IPAM key both derive from (network, container id, ifname). Deleting the host
-//! veth removes its peer in the pod and the host /32 route with it.
+//! veth removes its peer in the pod and the host /32 and /128 routes with it.
 //!
 //! * `asyncTeardown` (default): `Check`, then `ReleaseLease` of that lease with `teardown_link`; the
 //!   daemon deletes the veth after replying, so the kernel's ~20 ms of RCU waits in veth
