@@ -134,22 +134,16 @@ static __always_inline int parse6(struct __sk_buff *skb, struct an_pkt *p, int *
 }
 
 /*
- * Returns 1 for an IPv4 or IPv6 packet with its addresses in *p. Only the fixed part of
- * the IPv4 header is read: options and fragmentation do not move the addresses, and a
- * non-first fragment is classed by address like any other packet. IPv6 extension headers
- * are walked (see parse6()).
- *
- * A global function: the verifier checks it once, and its callers continue from one state
- * whatever the family and headers were, so the programs' checked paths do not multiply
- * with IPv6.
+ * Returns 1 for an IPv4 or IPv6 packet with its addresses in *p (zeroed by the caller), 0
+ * for anything else. Only the fixed part of the IPv4 header is read: options and
+ * fragmentation do not move the addresses, and a non-first fragment is classed by address
+ * like any other packet. IPv6 extension headers are walked (see parse6()).
  */
-__attribute__((noinline)) int an_parse(struct __sk_buff *skb, struct an_pkt *p)
+static __always_inline int parse(struct __sk_buff *skb, struct an_pkt *p)
 {
 	struct iphdr iph;
 	int noports = 0;
 
-	if (!skb || !p)
-		return 0;
 	p->segs = 1;
 	p->bytes = skb->len;
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
@@ -195,12 +189,6 @@ __attribute__((noinline)) int an_parse(struct __sk_buff *skb, struct an_pkt *p)
 		p->bytes = skb->len + (__u64)(p->segs - 1) * hdr;
 	}
 	return 1;
-}
-
-/* The packet's headers in *p (zeroed by the caller), or 0 for what is neither IPv4 nor IPv6. */
-static __always_inline int parse(struct __sk_buff *skb, struct an_pkt *p)
-{
-	return an_parse(skb, p);
 }
 
 #endif /* ALIASNET_LIB_PARSE_H */
