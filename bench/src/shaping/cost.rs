@@ -39,6 +39,17 @@ fn udp_frame(dst: [u8; 4]) -> Vec<u8> {
     p
 }
 
+/// The IPv6/UDP frame of the same payload as [`udp_frame`] (84 bytes) from the pod to `dst`.
+fn udp6_frame(dst: std::net::Ipv6Addr) -> Vec<u8> {
+    let mut p = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01, 0x86, 0xdd];
+    p.extend_from_slice(&[0x60, 0, 0, 0, 0, 30, 17, 64]);
+    p.extend_from_slice(&std::net::Ipv6Addr::new(0xfd00, 0x240, 0, 0, 0, 0, 0, 5).octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(&[0x9c, 0x40, 0x01, 0xbb, 0, 30, 0, 0]);
+    p.resize(84, 0xab);
+    p
+}
+
 /// xorshift64*: reproducible prefixes without a dependency.
 struct Rng(u64);
 impl Rng {
@@ -132,6 +143,8 @@ pub fn cost(report: &mut String) -> Result<()> {
     let load0 = loadavg();
     let hit_dst = [10, 77, 1, 2];
     let miss_dst = [203, 0, 113, 9];
+    let hit6_dst = std::net::Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 1);
+    let miss6_dst = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 9);
     let noop = load_noop()?;
     let pkt = udp_frame(miss_dst);
     let noop_ns: Vec<f64> = (0..RUNS)
@@ -201,13 +214,50 @@ pub fn cost(report: &mut String) -> Result<()> {
                 inserted += 1;
             }
         }
+        {
+            // The same number of IPv6 prefixes (random /32-/128) in the IPv6 trie.
+            let mut trie: LpmTrie<_, abi::Lpm6KeyData, abi::LpmValue> =
+                LpmTrie::try_from(ebpf.map_mut(maps::PREFIXES6).context("prefixes6")?)?;
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            trie.insert(
+                &Key::new(
+                    32 + 32,
+                    abi::Lpm6KeyData::new(
+                        0,
+                        std::net::Ipv6Addr::new(0xfd00, 0x77, 0, 0, 0, 0, 0, 0),
+                    ),
+                ),
+                abi::LpmValue::default(),
+                0,
+            )?;
+            let mut inserted = 1;
+            while inserted < n {
+                let len = 32 + (rng.next() % 97) as u32;
+                let bits = (u128::from(rng.next()) << 64 | u128::from(rng.next()))
+                    & (u128::MAX << (128 - len));
+                // Keep the "miss" address outside every prefix.
+                if bits >> 112 == 0x2001 {
+                    continue;
+                }
+                trie.insert(
+                    &Key::new(32 + len, abi::Lpm6KeyData::new(0, bits.into())),
+                    abi::LpmValue::default(),
+                    0,
+                )?;
+                inserted += 1;
+            }
+        }
         let prog: &SchedClassifier = ebpf
             .program(programs::HOST_INGRESS)
             .context("program")?
             .try_into()?;
+        // IPv4 and IPv6 interleaved, so that drift in the machine's load hits both.
         let hit = test_run_ns(prog, &udp_frame(hit_dst))?;
+        let hit6 = test_run_ns(prog, &udp6_frame(hit6_dst))?;
         let miss = test_run_ns(prog, &udp_frame(miss_dst))?;
+        let miss6 = test_run_ns(prog, &udp6_frame(miss6_dst))?;
         eprintln!("cost {n} prefixes: hit {hit:?} miss {miss:?} noop {noop_ns:?}");
+        eprintln!("cost {n} IPv6 prefixes: hit {hit6:?} miss {miss6:?}");
         if n == 10 {
             // The other direction of a pod with an ingress limit: classification, counting
             // and the queue model with a CE mark (the class is congested after the first
@@ -248,6 +298,16 @@ pub fn cost(report: &mut String) -> Result<()> {
             median(&miss),
             median(&hit) - noop_med,
             median(&miss) - noop_med
+        );
+        let _ = writeln!(
+            report,
+            "| {n} IPv6 (84-byte IPv6/UDP frame, /32-/128) | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            best(&hit6),
+            median(&hit6),
+            best(&miss6),
+            median(&miss6),
+            median(&hit6) - noop_med,
+            median(&miss6) - noop_med
         );
     }
     let _ = writeln!(report, "{model_row}");
