@@ -1,6 +1,6 @@
 //! `BPF_PROG_TEST_RUN` tests of the shaping model on IPv6: CE marks in the traffic class
-//! (IPv6 has no header checksum to update), and GSO skbs charged with their IPv6 headers
-//! per segment.
+//! (IPv6 has no header checksum to update), GSO skbs charged with their IPv6 headers per
+//! segment, and flow isolation by the IPv6 5-tuple.
 //!
 //! Needs root (loads BPF programs); touches no network state (see `common`).
 
@@ -117,4 +117,60 @@ fn monotonic_ns() -> u64 {
     // SAFETY: clock_gettime writes the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The programs' flow bucket (`flow_bucket()` in ebpf/lib/flow.h) of an IPv6 packet: the
+/// addresses folded to 32 bits (their words XORed, as loaded from the packet), ports as
+/// loaded, the protocol.
+fn flow_bucket6(src: Ipv6Addr, dst: Ipv6Addr, ports: [u8; 4], proto: u8) -> u32 {
+    let fold = |a: Ipv6Addr| {
+        a.octets()
+            .chunks(4)
+            .map(|w| u32::from_ne_bytes(w.try_into().expect("4 bytes")))
+            .fold(0, |x, w| x ^ w)
+    };
+    let mut h = fold(src)
+        ^ fold(dst).wrapping_mul(0x9e37_79b1)
+        ^ u32::from_ne_bytes(ports).wrapping_mul(0x85eb_ca6b)
+        ^ u32::from(proto);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h & (abi::FLOW_BUCKETS - 1)
+}
+
+#[test]
+fn ipv6_flows_are_isolated_by_their_five_tuple() {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| m.ingress_rate = SLOW);
+    let sparse = abi::CLASSID_POD_INGRESS + abi::LEAF_SPARSE;
+    let bulk_leaf = abi::CLASSID_POD_INGRESS + abi::LEAF_BULK;
+    let remote = ip6("2001:db8::10");
+    let bulk = frame(remote, POD_IP6, 0);
+    // A ping from a remote whose flow lands in another bucket than the download's.
+    let download = flow_bucket6(remote, POD_IP6, [0x9c, 0x40, 0x01, 0xbb], 6);
+    let other = (0x11..0xff)
+        .map(|i| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i))
+        .find(|a| flow_bucket6(*a, POD_IP6, [0; 4], 58) != download)
+        .expect("a remote in another bucket");
+    let ping = Ip6::new(other, POD_IP6).build();
+    let leaf = |f: &Fixture, pkt: &[u8]| {
+        let (ret, ctx) = f.run(programs::HOST_EGRESS, pkt, None);
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        prio_of(&ctx)
+    };
+    // The download's first two frames fit its sparse budget, then it is bulk.
+    let got: Vec<u32> = (0..5).map(|_| leaf(&f, &bulk)).collect();
+    assert_eq!(got, [sparse, sparse, bulk_leaf, bulk_leaf, bulk_leaf]);
+    // The other flow stays sparse, again and again.
+    for _ in 0..5 {
+        assert_eq!(leaf(&f, &ping), sparse);
+    }
+    // A ping whose flow shares the download's bucket waits behind it (bulk), which shows
+    // that the bucket is the one computed above from the whole IPv6 addresses.
+    let same = (0x100..0xffff)
+        .map(|i| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i))
+        .find(|a| flow_bucket6(*a, POD_IP6, [0; 4], 58) == download)
+        .expect("a remote in the download's bucket");
+    assert_eq!(leaf(&f, &Ip6::new(same, POD_IP6).build()), bulk_leaf);
 }
