@@ -28,7 +28,7 @@ struct History {
     batches: Vec<Vec<Record>>,
 }
 
-type Summary = (BTreeMap<u32, Vec<u8>>, BTreeMap<u32, u64>);
+type Summary = (BTreeMap<u128, Vec<u8>>, BTreeMap<u128, u64>);
 
 impl History {
     /// Leases (address -> data) and cooling addresses (-> release time) after `n` batches.
@@ -79,7 +79,12 @@ fn history() -> impl Strategy<Value = History> {
                 if !seen.insert(lease::encode_key(&k)) {
                     continue;
                 }
-                let addr = 0x0a00_0000 + i as u32;
+                // Both families: IPv4 and IPv6 records interleave in one log.
+                let addr = if i % 2 == 0 {
+                    0x0a00_0000 + i as u128
+                } else {
+                    0xfd00_0240_u128 << 96 | i as u128
+                };
                 let (data, key_len) = lease::encode_data(&k, &pod, veth.as_deref());
                 recs.push(Record::Alloc(AllocRec {
                     data,

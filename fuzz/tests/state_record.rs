@@ -129,9 +129,9 @@ fn check_payload(p: &[u8]) {
         check_record(rec);
     }
     match (p.first(), &full) {
-        (Some(5), Ok(Record::Alloc(a))) => {
+        (Some(5 | 8), Ok(Record::Alloc(a))) => {
             let v = record::view_alloc(p)
-                .expect("type 5")
+                .expect("type 5 or 8")
                 .expect("decodes fully");
             assert_eq!(
                 (v.addr, v.allocated_at_ms, v.pool, v.data, v.key_len),
@@ -139,16 +139,16 @@ fn check_payload(p: &[u8]) {
             );
             assert_eq!(record::peek_alloc(p), Some((a.addr, a.key())));
         }
-        (Some(5), Err(_)) => {
+        (Some(5 | 8), Err(_)) => {
             assert!(matches!(record::view_alloc(p), Some(Err(_))));
         }
-        (Some(6), Ok(Record::Release(r))) => {
+        (Some(6 | 9), Ok(Record::Release(r))) => {
             assert_eq!(
                 record::peek_release(p),
                 Some((r.addr, r.released_at_ms, &*r.key, r.teardown.as_deref()))
             );
         }
-        (Some(6), Err(_)) => assert_eq!(record::peek_release(p), None),
+        (Some(6 | 9), Err(_)) => assert_eq!(record::peek_release(p), None),
         _ => {
             assert!(record::view_alloc(p).is_none());
             assert!(record::peek_release(p).is_none());
@@ -159,13 +159,21 @@ fn check_payload(p: &[u8]) {
 // ---------------------------------------------------------------------------------------
 // Generators
 
+/// An allocator address: IPv4 (below 2^32) or IPv6 (from 2^32 up).
+fn addr() -> impl Strategy<Value = u128> {
+    prop_oneof![
+        any::<u32>().prop_map(u128::from),
+        ((1u128 << 32)..=u128::MAX),
+    ]
+}
+
 fn record_strategy() -> impl Strategy<Value = Record> {
     prop_oneof![
         (
             valid_key(),
             valid_pod(),
             link(),
-            any::<u32>(),
+            addr(),
             any::<u64>(),
             "[a-z]{0,8}"
         )
@@ -179,7 +187,7 @@ fn record_strategy() -> impl Strategy<Value = Record> {
                     pool: pool.into(),
                 })
             }),
-        (valid_key(), any::<u32>(), any::<u64>(), link()).prop_map(|(k, addr, at, t)| {
+        (valid_key(), addr(), any::<u64>(), link()).prop_map(|(k, addr, at, t)| {
             Record::Release(ReleaseRec {
                 key: lease::encode_key(&k).into(),
                 addr,
@@ -187,7 +195,7 @@ fn record_strategy() -> impl Strategy<Value = Record> {
                 teardown: t.map(Into::into),
             })
         }),
-        (any::<u32>(), any::<u64>(), link()).prop_map(|(addr, at, t)| {
+        (addr(), any::<u64>(), link()).prop_map(|(addr, at, t)| {
             Record::Cooling(CoolRec {
                 addr,
                 released_at_ms: at,
@@ -278,7 +286,7 @@ fn sealed_payload() -> impl Strategy<Value = Bytes> {
             b[FRAME_HEADER..].to_vec()
         }),
         2 => v1_payload(),
-        1 => (0u8..9, proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(t, mut b)| {
+        1 => (0u8..12, proptest::collection::vec(any::<u8>(), 0..40)).prop_map(|(t, mut b)| {
             b.insert(0, t);
             b
         }),

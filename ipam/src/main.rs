@@ -144,13 +144,19 @@ fn check_config(path: &std::path::Path) -> Result<()> {
         config.reconcile_grace.as_millis()
     )?;
     for p in &config.pools {
+        // An IPv6 pool's exact size (it may exceed what `size` counts).
+        let size = p.ranges6.iter().fold(
+            u128::from(p.size) * u128::from(p.ranges6.is_empty()),
+            |n, r| n.saturating_add(r.len()),
+        );
         writeln!(
             out,
-            "  pool '{}' ({}): {} addresses in {} ranges ({})",
+            "  pool '{}' ({}, {}): {} addresses in {} ranges ({})",
             p.name,
             p.source,
-            p.size,
-            p.ranges.len(),
+            p.family,
+            size,
+            p.ranges.len() + p.ranges6.len(),
             p.description
         )?;
     }

@@ -234,7 +234,8 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                 if let Some(&addr) = model.leases.get(&k) {
                     match step {
                         Ok(AllocStep::Existing(l)) => {
-                            prop_assert_eq!(l.address, Ipv4Addr::from(addr))
+                            prop_assert_eq!(l.len(), 1);
+                            prop_assert_eq!(l[0].address, Ipv4Addr::from(addr))
                         }
                         other => prop_assert!(false, "repeat allocate of {k}: {other:?}"),
                     }
@@ -248,7 +249,9 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                     .map(|(a, t)| (*a, *t))
                     .collect();
                 match step {
-                    Ok(AllocStep::Fresh { lease, record }) => {
+                    Ok(AllocStep::Fresh { leases, records }) => {
+                        prop_assert_eq!(leases.len(), 1);
+                        let lease = &leases[0];
                         let a = u32::from(v4(lease.address));
                         if free.is_empty() {
                             prop_assert_eq!(model.policy, OnOnlyCooling::ReuseOldest);
@@ -257,14 +260,14 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
                         } else {
                             prop_assert!(free.contains(&a), "{} is not free", lease.address);
                         }
-                        if sut.apply(&[record], now) {
+                        if sut.apply(&records, now) {
                             prop_assert!(!fail_armed, "an injected failure was not reported");
                             model.leases.insert(k, a);
                             model.cooling.remove(&a);
                         } else {
                             prop_assert!(fail_armed, "write failed without injection");
                             fail_armed = false;
-                            prop_assert_eq!(sut.st().check(&kk).unwrap(), None);
+                            prop_assert_eq!(sut.st().check(&kk).unwrap(), vec![]);
                         }
                     }
                     Err(e) => {
@@ -290,16 +293,16 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
             }
             Op::Release(k) => match sut.st().begin_release(&key(k), None, None, now).unwrap() {
                 ReleaseStep::Fresh {
-                    record, address, ..
+                    records, address, ..
                 } => {
-                    prop_assert_eq!(model.leases.get(&k).copied(), Some(u32::from(address)));
-                    if sut.apply(&[record], now) {
+                    prop_assert_eq!(model.leases.get(&k).copied(), Some(u32::from(v4(address))));
+                    if sut.apply(&records, now) {
                         prop_assert!(!fail_armed);
                         model.release(k, now);
                     } else {
                         prop_assert!(fail_armed);
                         fail_armed = false;
-                        prop_assert!(sut.st().check(&key(k)).unwrap().is_some());
+                        prop_assert!(!sut.st().check(&key(k)).unwrap().is_empty());
                     }
                 }
                 ReleaseStep::NotFound { .. } => prop_assert!(!model.leases.contains_key(&k)),

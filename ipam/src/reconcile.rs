@@ -40,7 +40,7 @@ pub fn is_ours(name: &str, prefix: &str) -> bool {
 /// A lease whose veth stayed gone past the grace.
 struct Stale {
     key: aliasnet_ipam_proto::AttachmentKey,
-    addr: u32,
+    addr: crate::lease::Addr,
     host_veth: String,
     allocated_at_ms: u64,
 }
@@ -48,7 +48,7 @@ struct Stale {
 /// What one pass found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PassReport {
-    pub released: Vec<(std::net::Ipv4Addr, String)>,
+    pub released: Vec<(std::net::IpAddr, String)>,
     pub orphans: Vec<String>,
     pub missing: usize,
 }
@@ -58,7 +58,7 @@ pub struct Reconciler {
     ipam: Ipam,
     grace_ms: u64,
     /// (address, allocation time) of a lease -> when its veth was first seen missing.
-    missing_since: HashMap<(u32, u64), u64>,
+    missing_since: HashMap<(crate::lease::Addr, u64), u64>,
     reported_orphans: HashSet<String>,
 }
 
@@ -141,7 +141,7 @@ impl Reconciler {
                 Ok(true) => {
                     tracing::info!(
                         key = %l.key,
-                        address = %std::net::Ipv4Addr::from(l.addr),
+                        address = %crate::lease::addr_ip(l.addr),
                         host_veth = l.host_veth,
                         grace_s = self.grace_ms / 1000,
                         "released a lease whose host veth is gone"
@@ -149,7 +149,7 @@ impl Reconciler {
                     self.missing_since.remove(&(l.addr, l.allocated_at_ms));
                     report
                         .released
-                        .push((std::net::Ipv4Addr::from(l.addr), l.host_veth));
+                        .push((crate::lease::addr_ip(l.addr), l.host_veth));
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(

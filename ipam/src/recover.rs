@@ -237,7 +237,7 @@ pub async fn recover(
         w.lease(&AllocRec {
             data,
             key_len,
-            addr: u32::from(addr),
+            addr: u32::from(addr).into(),
             allocated_at_ms: now,
             pool: pool.as_str().into(),
         });
@@ -249,7 +249,7 @@ pub async fn recover(
                 for a in r.first..=r.last {
                     if !leased.contains(&a) {
                         w.cooling(CoolRec {
-                            addr: a,
+                            addr: a.into(),
                             released_at_ms: now,
                             teardown: None,
                         });
@@ -263,7 +263,7 @@ pub async fn recover(
             .filter(|(a, _)| !leased.contains(&u32::from(**a)))
         {
             w.cooling(CoolRec {
-                addr: u32::from(*a),
+                addr: u32::from(*a).into(),
                 released_at_ms: now,
                 teardown: None,
             });

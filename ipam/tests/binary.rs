@@ -141,7 +141,7 @@ fn check_config_validates_and_names_the_field() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("pool 'secondary' (static): 252 addresses"),
+        text.contains("pool 'secondary' (static, ipv4): 252 addresses"),
         "{text}"
     );
 

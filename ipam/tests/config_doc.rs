@@ -44,7 +44,9 @@ fn pool_keys_are_the_parsers() {
 fn the_example_parses_and_uses_every_key() {
     let text = example(PAGE, "toml");
     let conf = parse(&text).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(conf.pools.len(), 3);
+    assert_eq!(conf.pools.len(), 5);
+    let families: Vec<_> = conf.pools.iter().map(|p| p.family.as_str()).collect();
+    assert_eq!(families, ["ipv4", "ipv4", "ipv6", "ipv6", "ipv4"]);
     let doc: toml::Table = text.parse().unwrap();
     for key in table_keys(PAGE, "top") {
         assert!(doc.contains_key(&key), "the example does not set {key}");

@@ -125,7 +125,7 @@ async fn scenario() {
     let rep = r.pass().await.unwrap();
     assert_eq!(
         rep.released,
-        vec![(Ipv4Addr::new(10, 240, 0, 11), v1.clone())]
+        vec![(Ipv4Addr::new(10, 240, 0, 11).into(), v1.clone())]
     );
 
     // The plugin's DEL for p2: the key hashes to v2; the daemon deletes the veth.

@@ -70,7 +70,7 @@ async fn leases_without_veth_are_released_after_the_grace_and_orphans_reported()
     // The grace is over (zero): b is released; a (veth present) and c (no veth) stay.
     let mut r = Reconciler::new(d.ipam().clone(), Duration::ZERO);
     let rep = r.pass().await.unwrap();
-    assert_eq!(rep.released, vec![(b, veth("b"))]);
+    assert_eq!(rep.released, vec![(b.into(), veth("b"))]);
     let keys: Vec<String> = list(&socket)
         .await
         .into_iter()

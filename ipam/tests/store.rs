@@ -67,7 +67,7 @@ fn alloc_records(n: usize) -> Vec<u8> {
             &record::Record::Alloc(record::AllocRec {
                 data,
                 key_len,
-                addr: 0x0af0_0080 + i as u32,
+                addr: 0x0af0_0080 + i as u128,
                 allocated_at_ms: 1,
                 pool: "secondary".into(),
             }),

@@ -31,12 +31,15 @@ impl Daemon {
         let d = dir.path().display();
         // The daemon's own log (its start-up timings) with IPAM_BENCH_LOG=info.
         let level = std::env::var("IPAM_BENCH_LOG").unwrap_or_else(|_| "warn".into());
+        // Another pool of the same size (2^18 addresses) with IPAM_BENCH_POOL, e.g.
+        // `fd00:240::/110` to measure an IPv6 pool (never enumerated) at the same occupancies.
+        let pool = std::env::var("IPAM_BENCH_POOL").unwrap_or_else(|_| POOL.into());
         fs::write(
             dir.path().join("ipamd.toml"),
             format!(
                 "socket = \"{d}/ipamd.sock\"\nstate_dir = \"{d}/state\"\nspool_dir = \"{d}/spool\"\n\
                  cooldown = \"130s\"\nlog_level = \"{level}\"\nmetrics_address = \"\"\nreconcile_interval = \"0s\"\n\
-                 [[pool]]\nname = \"secondary\"\nsource = \"static\"\ncidrs = [\"{POOL}\"]\n"
+                 [[pool]]\nname = \"secondary\"\nsource = \"static\"\ncidrs = [\"{pool}\"]\n"
             ),
         )?;
         Ok(Self {

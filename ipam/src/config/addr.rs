@@ -1,8 +1,11 @@
 //! Address math: IPv4 ranges, CIDRs, single addresses and range subtraction.
 
-use std::{fmt, net::Ipv4Addr};
+use std::{
+    fmt,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 /// An inclusive range of IPv4 addresses as host-order integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,6 +133,159 @@ pub(super) fn subtract(ranges: &[AddrRange], excl: &mut [AddrRange]) -> Vec<Addr
     for r in out {
         match merged.last_mut() {
             Some(m) if u64::from(m.last) + 1 == u64::from(r.first) => m.last = r.last,
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+/// An inclusive range of IPv6 addresses as integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Range6 {
+    pub first: u128,
+    pub last: u128,
+}
+
+impl Range6 {
+    /// Number of addresses, saturating (a /64 has 2^64).
+    pub fn len(&self) -> u128 {
+        (self.last - self.first).saturating_add(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl fmt::Display for Range6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", Ipv6Addr::from(self.first))
+        } else {
+            write!(
+                f,
+                "{}-{}",
+                Ipv6Addr::from(self.first),
+                Ipv6Addr::from(self.last)
+            )
+        }
+    }
+}
+
+/// A configured address, CIDR or range of either family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AnyRange {
+    V4(AddrRange),
+    V6(Range6),
+}
+
+/// Lowest IPv6 address a pool may hold: `::/96` (unspecified, loopback, the deprecated
+/// IPv4-compatible block) is never a pod address, and the allocator keys IPv4 addresses there.
+const V6_MIN: u128 = 1 << 32;
+
+fn v6_range(s: &str, first: Ipv6Addr, last: Ipv6Addr) -> Result<AnyRange, String> {
+    let r = Range6 {
+        first: first.into(),
+        last: last.into(),
+    };
+    if r.first < V6_MIN {
+        return Err(format!(
+            "{s:?} reaches into ::/96 (unspecified, loopback, IPv4-compatible), which no pod \
+             address may come from"
+        ));
+    }
+    Ok(AnyRange::V6(r))
+}
+
+/// Parse an IPv4 or IPv6 CIDR, refusing host bits (the IPv4 form's messages unchanged).
+pub(super) fn parse_any_cidr(s: &str) -> Result<AnyRange, String> {
+    let Some((ip, len)) = s.split_once('/') else {
+        return Err(format!(
+            "{s:?} is not a CIDR (expected a.b.c.d/len or an IPv6 prefix such as fd00::/112)"
+        ));
+    };
+    if !ip.contains(':') {
+        return parse_cidr(s).map(|n| AnyRange::V4(n.into()));
+    }
+    let ip: Ipv6Addr = ip
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: {ip:?} is not an IPv6 address"))?;
+    let net = len
+        .trim()
+        .parse::<u8>()
+        .ok()
+        .and_then(|len| Ipv6Net::new(ip, len).ok())
+        .ok_or_else(|| format!("{s:?}: prefix length must be 0..=128"))?;
+    if net.trunc() != net {
+        return Err(format!(
+            "{s:?} has host bits set (did you mean {}?)",
+            net.trunc()
+        ));
+    }
+    v6_range(s, net.network(), net.broadcast())
+}
+
+pub(super) fn parse_any_ip(s: &str) -> Result<AnyRange, String> {
+    if !s.contains(':') {
+        return parse_ip(s).map(AnyRange::V4);
+    }
+    let ip: Ipv6Addr = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not an IPv6 address"))?;
+    v6_range(s, ip, ip)
+}
+
+pub(super) fn parse_any_range(s: &str) -> Result<AnyRange, String> {
+    if !s.contains(':') {
+        return parse_range(s).map(AnyRange::V4);
+    }
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?} is not a range (expected fd00::10-fd00::20)"))?;
+    let parse = |x: &str| {
+        x.trim()
+            .parse::<Ipv6Addr>()
+            .map_err(|_| format!("{s:?}: {x:?} is not an IPv6 address"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if a > b {
+        return Err(format!("{s:?}: the first address is after the last"));
+    }
+    v6_range(s, a, b)
+}
+
+/// [`subtract`] for IPv6 ranges.
+pub(super) fn subtract6(ranges: &[Range6], excl: &mut [Range6]) -> Vec<Range6> {
+    excl.sort();
+    let mut out: Vec<Range6> = Vec::new();
+    for r in ranges {
+        let mut cur = Some(*r);
+        for e in excl.iter() {
+            let Some(c) = cur else { break };
+            if e.last < c.first || e.first > c.last {
+                continue;
+            }
+            if e.first > c.first {
+                out.push(Range6 {
+                    first: c.first,
+                    last: e.first - 1,
+                });
+            }
+            cur = (e.last < c.last).then(|| Range6 {
+                first: e.last + 1,
+                last: c.last,
+            });
+        }
+        if let Some(c) = cur {
+            out.push(c);
+        }
+    }
+    let mut merged: Vec<Range6> = Vec::with_capacity(out.len());
+    for r in out {
+        match merged.last_mut() {
+            Some(m) if m.last.checked_add(1) == Some(r.first) => m.last = r.last,
             _ => merged.push(r),
         }
     }

@@ -13,7 +13,7 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-pub use addr::AddrRange;
+pub use addr::{AddrRange, Range6};
 pub use parse::parse_duration;
 pub use pool::{check_metadata_url, ImdsSpec, PoolSource, PoolSpec};
 

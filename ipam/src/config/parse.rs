@@ -203,7 +203,12 @@ impl Config {
             pools.push(spec);
         }
         check_pool_overlaps(&pools).map_err(|m| invalid("pool", m))?;
-        let total: u64 = pools.iter().map(|p| p.size).sum();
+        // IPv6 pools are not enumerated: their size costs no memory.
+        let total: u64 = pools
+            .iter()
+            .filter(|p| p.family == aliasnet_ipam_proto::Family::Ipv4)
+            .map(|p| p.size)
+            .sum();
         if total > MAX_TOTAL_ADDRESSES {
             return Err(invalid(
                 "pool",
@@ -231,9 +236,11 @@ impl Config {
         })
     }
 
-    /// Total usable addresses over all pools.
+    /// Total usable addresses over all pools (saturating: IPv6 pools can be huge).
     pub fn total_addresses(&self) -> u64 {
-        self.pools.iter().map(|p| p.size).sum()
+        self.pools
+            .iter()
+            .fold(0u64, |n, p| n.saturating_add(p.size))
     }
 }
 

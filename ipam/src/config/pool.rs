@@ -4,7 +4,12 @@ use std::{fmt, net::Ipv4Addr, time::Duration};
 
 use super::*;
 
-use super::addr::{parse_cidr, parse_ip, parse_range, subtract};
+use aliasnet_ipam_proto::Family;
+
+use super::addr::{
+    parse_any_cidr, parse_any_ip, parse_any_range, parse_cidr, parse_ip, parse_range, subtract,
+    subtract6, AnyRange,
+};
 use super::parse::RawPool;
 
 /// Where a pool's addresses come from.
@@ -56,14 +61,20 @@ pub struct ImdsSpec {
 pub struct PoolSpec {
     pub name: String,
     pub source: PoolSource,
-    /// Usable addresses (exclusions applied): sorted, disjoint, non-adjacent.
+    /// Family of every address of the pool (a pool is single-family).
+    pub family: Family,
+    /// Usable IPv4 addresses (exclusions applied): sorted, disjoint, non-adjacent.
     pub ranges: Vec<AddrRange>,
-    /// Number of usable addresses.
+    /// Usable IPv6 addresses, likewise (IPv6 pools only).
+    pub ranges6: Vec<Range6>,
+    /// Number of usable addresses (saturating: a /64 has more than `u64` counts).
     pub size: u64,
     /// Short human description of the configured sources, for messages ("10.240.1.0/24").
     pub description: String,
     /// Exclusions (metadata pools apply them to the addresses they read).
     pub exclude: Vec<AddrRange>,
+    /// IPv6 exclusions (already applied to `ranges6`).
+    pub exclude6: Vec<Range6>,
     /// Set for `azure-imds` pools (which have no `ranges`).
     pub imds: Option<ImdsSpec>,
 }
@@ -131,8 +142,27 @@ pub(super) fn build_pool(
             ),
         ));
     }
+    if source != PoolSource::AzureImds {
+        let any = rp
+            .cidrs
+            .iter()
+            .chain(&rp.ranges)
+            .chain(&rp.ips)
+            .chain(&rp.prefixes)
+            .any(|s| s.contains(':'));
+        if any {
+            return build_pool6(name, source, rp, warnings);
+        }
+    }
     let mut excl: Vec<AddrRange> = Vec::new();
     for (j, s) in rp.exclude.iter().enumerate() {
+        if s.contains(':') {
+            // An IPv6 exclusion cannot touch an IPv4 pool.
+            warnings.push(format!(
+                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
+            ));
+            continue;
+        }
         let r = if s.contains('/') {
             parse_cidr(s).map(AddrRange::from)
         } else {
@@ -147,10 +177,13 @@ pub(super) fn build_pool(
         return Ok(PoolSpec {
             name: name.to_owned(),
             source,
+            family: Family::Ipv4,
             ranges: Vec::new(),
+            ranges6: Vec::new(),
             size: 0,
             description: format!("metadata from {}", imds.url),
             exclude: excl,
+            exclude6: Vec::new(),
             imds: Some(imds),
         });
     }
@@ -243,10 +276,106 @@ pub(super) fn build_pool(
     Ok(PoolSpec {
         name: name.to_owned(),
         source,
+        family: Family::Ipv4,
         ranges,
+        ranges6: Vec::new(),
         size,
         description,
         exclude,
+        exclude6: Vec::new(),
+        imds: None,
+    })
+}
+
+/// Build a static or prefixes pool that lists an IPv6 address: every address must be IPv6.
+fn build_pool6(
+    name: &str,
+    source: PoolSource,
+    rp: &RawPool,
+    warnings: &mut Vec<String>,
+) -> Result<PoolSpec, (String, String)> {
+    let at = |field: &str| format!("pool '{name}'.{field}");
+    let mut parts: Vec<(Range6, String)> = Vec::new();
+    let mut v4: Option<String> = None;
+    type Parse = fn(&str) -> Result<AnyRange, String>;
+    let lists: [(&str, &Vec<String>, Parse); 4] = [
+        ("cidrs", &rp.cidrs, parse_any_cidr),
+        ("ranges", &rp.ranges, parse_any_range),
+        ("ips", &rp.ips, parse_any_ip),
+        ("prefixes", &rp.prefixes, parse_any_cidr),
+    ];
+    for (field, list, parse) in lists {
+        for (j, s) in list.iter().enumerate() {
+            let what = format!("{field}[{j}]");
+            match parse(s).map_err(|m| (at(&what), m))? {
+                AnyRange::V6(r) => parts.push((r, format!("{what} {s:?}"))),
+                AnyRange::V4(_) => {
+                    v4.get_or_insert(format!("{what} {s:?}"));
+                }
+            }
+        }
+    }
+    if let (Some(v4), Some((_, v6))) = (v4, parts.first()) {
+        return Err((
+            at("cidrs"),
+            format!(
+                "mixes IPv4 ({v4}) and IPv6 ({v6}) addresses; a pool serves one family:                  put each family in its own pool"
+            ),
+        ));
+    }
+    let mut excl: Vec<Range6> = Vec::new();
+    for (j, s) in rp.exclude.iter().enumerate() {
+        let r = if s.contains('/') {
+            parse_any_cidr(s)
+        } else {
+            parse_any_ip(s)
+        }
+        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+        match r {
+            AnyRange::V6(r) if parts.iter().any(|(p, _)| p.first <= r.last && r.first <= p.last) => {
+                excl.push(r)
+            }
+            _ => warnings.push(format!(
+                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
+            )),
+        }
+    }
+    parts.sort_by_key(|(r, _)| *r);
+    for w in parts.windows(2) {
+        if w[1].0.first <= w[0].0.last {
+            return Err((
+                at("cidrs"),
+                format!(
+                    "{} overlaps {} (first shared address {})",
+                    w[0].1,
+                    w[1].1,
+                    std::net::Ipv6Addr::from(w[1].0.first)
+                ),
+            ));
+        }
+    }
+    let exclude6 = excl.clone();
+    let ranges6 = subtract6(
+        &parts.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+        &mut excl,
+    );
+    if ranges6.is_empty() {
+        return Err((
+            at("exclude"),
+            "the exclusions remove every address; the pool would be empty".into(),
+        ));
+    }
+    let size: u128 = ranges6.iter().fold(0u128, |n, r| n.saturating_add(r.len()));
+    Ok(PoolSpec {
+        name: name.to_owned(),
+        source,
+        family: Family::Ipv6,
+        ranges: Vec::new(),
+        ranges6,
+        size: u64::try_from(size).unwrap_or(u64::MAX),
+        description: describe(rp),
+        exclude: Vec::new(),
+        exclude6,
         imds: None,
     })
 }
@@ -346,6 +475,22 @@ fn describe(rp: &RawPool) -> String {
 }
 
 pub(super) fn check_pool_overlaps(pools: &[PoolSpec]) -> Result<(), String> {
+    let mut all6: Vec<(Range6, usize)> = pools
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.ranges6.iter().map(move |r| (*r, i)))
+        .collect();
+    all6.sort();
+    for w in all6.windows(2) {
+        if w[1].0.first <= w[0].0.last {
+            return Err(format!(
+                "pools '{}' and '{}' overlap (both contain {}); an address may belong to one pool only",
+                pools[w[0].1].name,
+                pools[w[1].1].name,
+                std::net::Ipv6Addr::from(w[1].0.first)
+            ));
+        }
+    }
     let mut all: Vec<(AddrRange, usize)> = pools
         .iter()
         .enumerate()

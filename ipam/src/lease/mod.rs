@@ -24,9 +24,44 @@
 mod codec;
 mod table;
 
-use std::{fmt::Write as _, net::Ipv4Addr};
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
-use aliasnet_ipam_proto::{AttachmentKey, Lease, PodRef};
+use aliasnet_ipam_proto::{AttachmentKey, Family, Lease, PodRef};
+
+/// An address as the allocator keys it: an IPv4 address is its 32-bit value, an IPv6 one its
+/// 128-bit value. No pool holds an IPv6 address below 2^32 (`::/96`, the unspecified,
+/// loopback and deprecated IPv4-compatible addresses), so the two never meet and every IPv4
+/// address sorts before every IPv6 one, the order lease listings use.
+pub type Addr = u128;
+
+/// First value that is an IPv6 address.
+pub const V6_START: Addr = 1 << 32;
+
+pub fn addr_family(a: Addr) -> Family {
+    if a < V6_START {
+        Family::Ipv4
+    } else {
+        Family::Ipv6
+    }
+}
+
+pub fn addr_ip(a: Addr) -> IpAddr {
+    match u32::try_from(a) {
+        Ok(v4) => IpAddr::V4(Ipv4Addr::from(v4)),
+        Err(_) => IpAddr::V6(Ipv6Addr::from(a)),
+    }
+}
+
+/// The allocator's value of `ip`; `None` for an IPv6 address no pool can hold.
+pub fn ip_addr(ip: IpAddr) -> Option<Addr> {
+    match ip {
+        IpAddr::V4(a) => Some(Addr::from(u32::from(a))),
+        IpAddr::V6(a) => Some(u128::from(a)).filter(|v| *v >= V6_START),
+    }
+}
 
 /// Longest accepted key or pod field, in bytes.
 pub const MAX_FIELD: usize = 1024;
@@ -52,7 +87,7 @@ pub struct LeaseEntry {
     /// Key then optional fields, encoded as described in the module docs.
     pub data: Box<[u8]>,
     pub allocated_at_ms: u64,
-    pub addr: u32,
+    pub addr: Addr,
     /// Bytes of `data` that are the key.
     pub key_len: u16,
     /// Index into the state's pool-name table.
@@ -66,6 +101,10 @@ pub struct LeaseEntry {
 impl LeaseEntry {
     pub fn key(&self) -> &[u8] {
         &self.data[..usize::from(self.key_len)]
+    }
+
+    pub fn family(&self) -> Family {
+        addr_family(self.addr)
     }
 
     /// The optional fields in order: namespace, name, uid, host veth.
@@ -114,7 +153,7 @@ impl LeaseEntry {
         let [namespace, name, uid, veth] = self.fields();
         Lease {
             key: self.attachment_key(),
-            address: Ipv4Addr::from(self.addr).into(),
+            address: addr_ip(self.addr),
             pool: pool.to_owned(),
             pod: PodRef {
                 namespace: namespace.map(Field::to_string_lossless),

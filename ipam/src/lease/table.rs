@@ -9,7 +9,7 @@ use super::*;
 /// Why an insert was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InsertError {
-    /// The key already holds a lease (its id).
+    /// The key already holds a lease of the address's family (its id).
     Key(u32),
     /// The address is already leased (the holder's id).
     Addr(u32),
@@ -64,13 +64,15 @@ impl Slab {
     }
 }
 
-/// All leases: a slab of entries, a hash index by key and an ordered index by address.
+/// All leases: a slab of entries, a hash index by (key, family) and an ordered index by
+/// address. A key holds at most one lease per family; both hash alike (the family only
+/// decides equality), so a dual-stack key costs one extra comparison.
 #[derive(Default)]
 pub struct LeaseTable {
     slab: Slab,
     vacant: Vec<u32>,
     index: HashTable<u32>,
-    by_addr: BTreeMap<u32, u32>,
+    by_addr: BTreeMap<Addr, u32>,
     hasher: Hasher,
 }
 
@@ -94,14 +96,29 @@ impl LeaseTable {
         self.hasher.hash_one(key)
     }
 
-    /// The id of the lease of `key` (encoded).
-    pub fn find(&self, key: &[u8]) -> Option<u32> {
+    /// The id of the lease of `key` (encoded) in `family`.
+    pub fn find(&self, key: &[u8], family: Family) -> Option<u32> {
         let h = self.hash(key);
         self.index
             .find(h, |&id| {
-                self.slab.get(id).as_ref().is_some_and(|e| e.key() == key)
+                self.slab
+                    .get(id)
+                    .as_ref()
+                    .is_some_and(|e| e.key() == key && e.family() == family)
             })
             .copied()
+    }
+
+    /// The ids of the leases of `key` (encoded), IPv4 first.
+    pub fn find_all(&self, key: &[u8]) -> impl Iterator<Item = u32> + '_ {
+        let h = self.hash(key);
+        let mut ids: [Option<u32>; 2] = [None, None];
+        for &id in self.index.iter_hash(h) {
+            if let Some(e) = self.slab.get(id).as_ref().filter(|e| e.key() == key) {
+                ids[usize::from(e.family() == Family::Ipv6)] = Some(id);
+            }
+        }
+        ids.into_iter().flatten()
     }
 
     pub fn get(&self, id: u32) -> &LeaseEntry {
@@ -112,17 +129,22 @@ impl LeaseTable {
         self.slab.get_mut(id).as_mut().expect("live lease id")
     }
 
-    pub fn by_addr(&self, addr: u32) -> Option<u32> {
+    pub fn by_addr(&self, addr: Addr) -> Option<u32> {
         self.by_addr.get(&addr).copied()
     }
 
     pub fn insert(&mut self, e: LeaseEntry) -> Result<u32, InsertError> {
         // One hash, one probe of each index (loading 200,000 leases is mostly this).
         let h = self.hash(e.key());
+        let family = e.family();
         let (slab, hasher) = (&self.slab, &self.hasher);
         let key_slot = match self.index.entry(
             h,
-            |&id| slab.get(id).as_ref().is_some_and(|x| x.key() == e.key()),
+            |&id| {
+                slab.get(id)
+                    .as_ref()
+                    .is_some_and(|x| x.key() == e.key() && x.family() == family)
+            },
             |&i| hasher.hash_one(slab.get(i).as_ref().expect("indexed").key()),
         ) {
             hashbrown::hash_table::Entry::Occupied(o) => return Err(InsertError::Key(*o.get())),
@@ -163,11 +185,11 @@ impl LeaseTable {
     }
 
     /// (address, id) of leases with an address above `after` (all when `None`), ascending.
-    pub fn after_addr(&self, after: Option<u32>) -> impl Iterator<Item = (u32, u32)> + '_ {
+    pub fn after_addr(&self, after: Option<Addr>) -> impl Iterator<Item = (Addr, u32)> + '_ {
+        use std::ops::Bound::{Excluded, Unbounded};
         let range = match after {
             None => self.by_addr.range(..),
-            Some(u32::MAX) => self.by_addr.range(u32::MAX..u32::MAX),
-            Some(a) => self.by_addr.range(a + 1..),
+            Some(a) => self.by_addr.range((Excluded(a), Unbounded)),
         };
         range.map(|(a, i)| (*a, *i))
     }

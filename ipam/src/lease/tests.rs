@@ -1,6 +1,10 @@
 use super::*;
 
 fn entry(key: &AttachmentKey, pod: &PodRef, veth: Option<&str>, addr: u32) -> LeaseEntry {
+    entry_at(key, pod, veth, Addr::from(addr))
+}
+
+fn entry_at(key: &AttachmentKey, pod: &PodRef, veth: Option<&str>, addr: Addr) -> LeaseEntry {
     let (data, key_len) = encode_data(key, pod, veth);
     LeaseEntry {
         data,
@@ -120,11 +124,12 @@ fn table_indexes_by_key_and_address() {
         t.insert(entry(&kc, &pod, None, 3)),
         Err(InsertError::Addr(b))
     );
-    assert_eq!(t.find(&encode_key(&kb)), Some(b));
+    assert_eq!(t.find(&encode_key(&kb), Family::Ipv4), Some(b));
+    assert_eq!(t.find(&encode_key(&kb), Family::Ipv6), None);
     assert_eq!(t.after_addr(None).collect::<Vec<_>>(), vec![(3, b), (5, a)]);
     assert_eq!(t.after_addr(Some(3)).collect::<Vec<_>>(), vec![(5, a)]);
     t.remove(b);
-    assert_eq!(t.find(&encode_key(&kb)), None);
+    assert_eq!(t.find(&encode_key(&kb), Family::Ipv4), None);
     assert_eq!(t.len(), 1);
     // The vacant slot is reused.
     assert_eq!(t.insert(entry(&kc, &pod, None, 3)).unwrap(), b);
@@ -134,8 +139,8 @@ fn table_indexes_by_key_and_address() {
     }
     for i in 0..1000u32 {
         let k = AttachmentKey::new("n", &format!("k{i}"), "eth0");
-        let id = t.find(&encode_key(&k)).unwrap();
-        assert_eq!(t.get(id).addr, 100 + i);
+        let id = t.find(&encode_key(&k), Family::Ipv4).unwrap();
+        assert_eq!(t.get(id).addr, Addr::from(100 + i));
     }
 }
 
@@ -148,4 +153,33 @@ fn validation() {
     assert!(validate_ifname("host_veth", "ali0123456789ab").is_ok());
     assert!(validate_ifname("host_veth", "ali0123456789abc").is_err());
     assert!(validate_ifname("host_veth", "a/b").is_err());
+}
+
+#[test]
+fn a_key_holds_one_lease_per_family() {
+    let mut t = LeaseTable::default();
+    let pod = PodRef::default();
+    let k = AttachmentKey::new("n", "a", "eth0");
+    let v6: Addr = u128::from("fd00:240::5".parse::<std::net::Ipv6Addr>().unwrap());
+    let a = t.insert(entry(&k, &pod, None, 7)).unwrap();
+    let b = t.insert(entry_at(&k, &pod, None, v6)).unwrap();
+    assert_eq!(
+        t.insert(entry_at(&k, &pod, None, v6 + 1)),
+        Err(InsertError::Key(b))
+    );
+    let key = encode_key(&k);
+    assert_eq!(t.find(&key, Family::Ipv4), Some(a));
+    assert_eq!(t.find(&key, Family::Ipv6), Some(b));
+    assert_eq!(t.find_all(&key).collect::<Vec<_>>(), vec![a, b]);
+    // IPv4 sorts first; paging continues from an IPv4 address into the IPv6 ones.
+    assert_eq!(
+        t.after_addr(None).collect::<Vec<_>>(),
+        vec![(7, a), (v6, b)]
+    );
+    assert_eq!(t.after_addr(Some(7)).collect::<Vec<_>>(), vec![(v6, b)]);
+    assert_eq!(addr_ip(v6), "fd00:240::5".parse::<IpAddr>().unwrap());
+    assert_eq!(ip_addr(addr_ip(v6)), Some(v6));
+    assert_eq!(ip_addr("::5".parse().unwrap()), None, "::/96 is no pool's");
+    t.remove(a);
+    assert_eq!(t.find_all(&key).collect::<Vec<_>>(), vec![b]);
 }

@@ -22,7 +22,7 @@ use writer::writer_loop;
 
 use std::{
     collections::HashSet,
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     sync::{Arc, Mutex, MutexGuard},
     thread::JoinHandle,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -36,6 +36,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::{
     clock::Clock,
+    lease::{addr_ip, ip_addr, Addr, V6_START},
     metrics::Metrics,
     state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State},
     store::{record::Record, Store},
@@ -300,21 +301,21 @@ impl Ipam {
                 metrics.allocation_error(pool.as_deref(), r.kind);
                 error(r.kind, r.message)
             }
-            Ok(AllocStep::Existing(lease)) => Response::Allocated {
-                lease,
-                more: Vec::new(),
-            }
-            .into(),
-            Ok(AllocStep::Fresh { lease, record }) => match self.commit(vec![record]).await {
+            Ok(AllocStep::Existing(leases)) => match allocated(leases) {
+                Some(r) => r.into(),
+                // A recovered lease is never handed out by Allocate, so a key has one.
+                None => error(ErrorKind::Internal, String::from("no lease to answer with")),
+            },
+            Ok(AllocStep::Fresh { leases, records }) => match self.commit(records).await {
                 Ok(()) => {
-                    tracing::debug!(key = %lease.key, address = %lease.address, "allocated");
-                    metrics.allocated(&lease.pool);
-                    Handled {
-                        response: Response::Allocated {
-                            lease: lease.clone(),
-                            more: Vec::new(),
-                        },
-                        rollback: Some(lease),
+                    for l in &leases {
+                        tracing::debug!(key = %l.key, address = %l.address, "allocated");
+                        metrics.allocated(&l.pool);
+                    }
+                    let rollback = leases.first().cloned();
+                    match allocated(leases) {
+                        Some(response) => Handled { response, rollback },
+                        None => error(ErrorKind::Internal, String::from("no lease to answer with")),
                     }
                 }
                 Err(e) => {
@@ -341,10 +342,7 @@ impl Ipam {
                     .release(&key, teardown_link.as_deref(), None, None)
                     .await
                 {
-                    Ok(address) => Response::Released {
-                        address: address.map(IpAddr::V4),
-                    }
-                    .into(),
+                    Ok(address) => Response::Released { address }.into(),
                     Err(h) => h,
                 }
             }
@@ -353,28 +351,28 @@ impl Ipam {
                 teardown_link,
                 lease,
             } => {
-                let IpAddr::V4(address) = lease.address else {
-                    // This daemon leases no IPv6 address, so none can be the key's.
+                let Some(address) = ip_addr(lease.address) else {
+                    // No pool holds such an address, so it cannot be the key's.
                     return Response::Released { address: None }.into();
                 };
-                let ident = (u32::from(address), lease.allocated_at_ms);
+                let ident = (address, lease.allocated_at_ms);
                 match self
                     .release(&key, teardown_link.as_deref(), None, Some(ident))
                     .await
                 {
-                    Ok(address) => Response::Released {
-                        address: address.map(IpAddr::V4),
-                    }
-                    .into(),
+                    Ok(address) => Response::Released { address }.into(),
                     Err(h) => h,
                 }
             }
             Request::Check { key } => match self.shared.lock().check(&key) {
-                Ok(lease) => Response::Lease {
-                    lease,
-                    more: Vec::new(),
+                Ok(mut leases) => {
+                    let lease = (!leases.is_empty()).then(|| leases.remove(0));
+                    Response::Lease {
+                        lease,
+                        more: leases,
+                    }
+                    .into()
                 }
-                .into(),
                 Err(r) => error(r.kind, r.message),
             },
             Request::List => {
@@ -400,25 +398,15 @@ impl Ipam {
                         format!("limit must be 1 to {LIST_PAGE_MAX}, got {limit}"),
                     );
                 }
-                let after = match after {
-                    None => None,
-                    Some(IpAddr::V4(a)) => Some(u32::from(a)),
-                    // IPv4 sorts first and no IPv6 address is leased: nothing follows.
-                    Some(IpAddr::V6(_)) => {
-                        return Response::LeasePage {
-                            leases: Vec::new(),
-                            next: None,
-                        }
-                        .into()
-                    }
-                };
+                // An IPv6 address below every pool's (`::/96`) continues after the IPv4 ones.
+                let after = after.map(|a| ip_addr(a).unwrap_or(V6_START - 1));
                 let (leases, next) =
                     self.shared
                         .lock()
                         .list_page(after, limit as usize, PAGE_BYTES);
                 Response::LeasePage {
                     leases,
-                    next: next.map(|a| IpAddr::V4(Ipv4Addr::from(a))),
+                    next: next.map(addr_ip),
                 }
                 .into()
             }
@@ -508,8 +496,8 @@ impl Ipam {
         key: &AttachmentKey,
         teardown: Option<&str>,
         not_after: Option<u64>,
-        lease: Option<(u32, u64)>,
-    ) -> Result<Option<Ipv4Addr>, Handled> {
+        lease: Option<(Addr, u64)>,
+    ) -> Result<Option<IpAddr>, Handled> {
         let step = self
             .wait_until(|st| {
                 match st.begin_release_of(key, teardown, not_after, lease, self.now_ms())? {
@@ -527,13 +515,15 @@ impl Ipam {
                 Ok(None)
             }
             ReleaseStep::Fresh {
-                record,
+                records,
                 address,
-                pool,
-            } => match self.commit(vec![record]).await {
+                pools,
+            } => match self.commit(records).await {
                 Ok(()) => {
                     tracing::debug!(%key, %address, "released");
-                    self.shared.metrics.released(&pool);
+                    for pool in &pools {
+                        self.shared.metrics.released(pool);
+                    }
                     Ok(Some(address))
                 }
                 Err(e) => Err(storage_error("release", key, &e)),
@@ -544,15 +534,17 @@ impl Ipam {
 
     /// Release the lease at `addr` if it is still the one allocated at `allocated_at_ms`
     /// (reconcile: its host veth stayed gone). Returns whether it was released.
-    pub async fn release_stale(&self, addr: u32, allocated_at_ms: u64) -> Result<bool, String> {
+    pub async fn release_stale(&self, addr: Addr, allocated_at_ms: u64) -> Result<bool, String> {
         let step = self
             .shared
             .lock()
             .begin_release_stale(addr, allocated_at_ms, self.now_ms());
         match step {
-            Some(ReleaseStep::Fresh { record, pool, .. }) => {
-                self.commit(vec![record]).await?;
-                self.shared.metrics.released(&pool);
+            Some(ReleaseStep::Fresh { records, pools, .. }) => {
+                self.commit(records).await?;
+                for pool in &pools {
+                    self.shared.metrics.released(pool);
+                }
                 self.shared.metrics.reconcile_released();
                 Ok(true)
             }
@@ -583,6 +575,18 @@ impl Ipam {
             ),
         }
     }
+}
+
+/// The Allocated reply for `leases` (IPv4 first): the first, and the other family's in `more`.
+fn allocated(mut leases: Vec<Lease>) -> Option<Response> {
+    if leases.is_empty() {
+        return None;
+    }
+    let lease = leases.remove(0);
+    Some(Response::Allocated {
+        lease,
+        more: leases,
+    })
 }
 
 fn storage_error(what: &str, key: &AttachmentKey, e: &str) -> Handled {

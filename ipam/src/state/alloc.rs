@@ -7,7 +7,7 @@ use aliasnet_ipam_proto::{host_veth_name, AttachmentKey, ErrorKind, Family};
 use crate::{
     config::OnOnlyCooling,
     lease::{
-        encode_data, encode_key, validate_ifname, validate_key, validate_pod, LeaseEntry,
+        encode_data, encode_key, validate_ifname, validate_key, validate_pod, Addr, LeaseEntry,
         LeaseState,
     },
     store::record::{AllocRec, Record},
@@ -15,7 +15,7 @@ use crate::{
 
 use super::{pool::Slot, AllocRequest, AllocStep, Refusal, State};
 
-/// A family list must be non-empty and name each family once; only IPv4 pools exist.
+/// A family list must be non-empty and name each family once.
 fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
     let Some(list) = families else {
         return Ok(());
@@ -28,37 +28,92 @@ fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
             return Err(Refusal::bad(format!("families names {f} twice")));
         }
     }
-    if list.contains(&Family::Ipv6) {
-        return Err(Refusal::new(
-            ErrorKind::PoolExhausted,
-            "family ipv6: no pool of this node serves ipv6 addresses",
-        ));
-    }
     Ok(())
 }
 
+/// Where one reserved address came from, to undo it if another family fails.
+#[derive(Debug, Clone, Copy)]
+enum Taken {
+    /// IPv4 pool, slot; `Some(release time)` when it was a cooling address reused early.
+    V4(usize, u32, Option<u64>),
+    /// IPv6 pool, address, likewise.
+    V6(usize, u128, Option<u64>),
+}
+
 impl State {
+    /// Pools of `family` an Allocate may use: a named pool restricts its own family only.
+    fn eligible_in(&self, pool: Option<&str>, family: Family) -> Result<Vec<usize>, Refusal> {
+        if let Some(name) = pool {
+            if let Some(p) = self.pools.iter().position(|p| p.spec.name == name) {
+                if family == Family::Ipv4 {
+                    return Ok(vec![p]);
+                }
+            } else if let Some(q) = self.pools6.iter().position(|p| p.spec.name == name) {
+                if family == Family::Ipv6 {
+                    return Ok(vec![q]);
+                }
+            } else {
+                return Err(self.unknown_pool(name));
+            }
+        }
+        Ok(match family {
+            Family::Ipv4 => (0..self.pools.len()).collect(),
+            Family::Ipv6 => (0..self.pools6.len()).collect(),
+        })
+    }
+
+    fn unknown_pool(&self, name: &str) -> Refusal {
+        Refusal::new(
+            ErrorKind::UnknownPool,
+            format!(
+                "no pool named '{name}'; configured pools: {}",
+                self.pools
+                    .iter()
+                    .map(|p| &p.spec)
+                    .chain(self.pools6.iter().map(|p| &p.spec))
+                    .map(|s| format!("'{}'", s.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    }
+
+    /// IPv4 pools a Status may count (`pool` restricts to that pool).
     pub(super) fn eligible(&self, pool: Option<&str>) -> Result<Vec<usize>, Refusal> {
         match pool {
-            None => Ok((0..self.pools.len()).collect()),
-            Some(name) => self
-                .pools
-                .iter()
-                .position(|p| p.spec.name == name)
-                .map(|i| vec![i])
-                .ok_or_else(|| {
-                    Refusal::new(
-                        ErrorKind::UnknownPool,
-                        format!(
-                            "no pool named '{name}'; configured pools: {}",
-                            self.pools
-                                .iter()
-                                .map(|p| format!("'{}'", p.spec.name))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                }),
+            Some(name) if self.pools6.iter().any(|p| p.spec.name == name) => Ok(Vec::new()),
+            _ => self.eligible_in(pool, Family::Ipv4),
+        }
+    }
+
+    /// IPv6 pools a Status may count.
+    pub(super) fn eligible6(&self, pool: Option<&str>) -> Result<Vec<usize>, Refusal> {
+        match pool {
+            Some(name) if self.pools.iter().any(|p| p.spec.name == name) => Ok(Vec::new()),
+            _ => self.eligible_in(pool, Family::Ipv6),
+        }
+    }
+
+    /// The families an Allocate wants: the listed ones, or every family a pool serves.
+    fn wanted(&self, families: Option<&[Family]>) -> Result<Vec<Family>, Refusal> {
+        check_families(families)?;
+        let served = |f: Family| match f {
+            Family::Ipv4 => !self.pools.is_empty(),
+            Family::Ipv6 => !self.pools6.is_empty(),
+        };
+        match families {
+            None => Ok(Family::ALL.into_iter().filter(|f| served(*f)).collect()),
+            Some(list) => {
+                if let Some(f) = list.iter().find(|f| !served(**f)) {
+                    return Err(Refusal::new(
+                        ErrorKind::PoolExhausted,
+                        format!("family {f}: no pool of this node serves {f} addresses"),
+                    ));
+                }
+                let mut v = list.to_vec();
+                v.sort();
+                Ok(v)
+            }
         }
     }
 
@@ -98,19 +153,48 @@ impl State {
                 )));
             }
         }
-        check_families(req.families)?;
-        let eligible = self.eligible(req.pool)?;
+        let wanted = self.wanted(req.families)?;
+        let eligible: Vec<Vec<usize>> = wanted
+            .iter()
+            .map(|f| self.eligible_in(req.pool, *f))
+            .collect::<Result<_, _>>()?;
         let key = encode_key(req.key);
-        if let Some(id) = self.leases.find(&key) {
-            let e = self.leases.get_mut(id);
-            if e.state != LeaseState::Committed {
+        let held: Vec<u32> = self.leases.find_all(&key).collect();
+        if !held.is_empty() {
+            if held
+                .iter()
+                .any(|id| self.leases.get(*id).state != LeaseState::Committed)
+            {
                 return Ok(AllocStep::Wait(format!(
                     "a change to {} is in flight",
                     req.key
                 )));
             }
-            e.seen = true;
-            return Ok(AllocStep::Existing(self.lease_of(id)));
+            // An idempotent repeat: the leases the key holds (of the families asked for,
+            // when they are listed).
+            let listed = req.families.is_some();
+            let ids: Vec<u32> = held
+                .into_iter()
+                .filter(|id| !listed || wanted.contains(&self.leases.get(*id).family()))
+                .collect();
+            let has = |f: Family| ids.iter().any(|id| self.leases.get(*id).family() == f);
+            if let Some(f) = wanted.iter().find(|f| listed && !has(**f)) {
+                return Err(Refusal::bad(format!(
+                    "{} already holds leases without {f}; release them before allocating {}",
+                    req.key,
+                    wanted
+                        .iter()
+                        .map(|f| f.as_str())
+                        .collect::<Vec<_>>()
+                        .join("+")
+                )));
+            }
+            for &id in &ids {
+                self.leases.get_mut(id).seen = true;
+            }
+            return Ok(AllocStep::Existing(
+                ids.into_iter().map(|id| self.lease_of(id)).collect(),
+            ));
         }
         if let Some(v) = req.host_veth {
             if self.teardowns.contains_key(v) {
@@ -121,66 +205,171 @@ impl State {
         }
         self.expire(now_ms);
 
+        // Reserve one address per family; a failure puts back what was taken.
+        let mut taken: Vec<Taken> = Vec::with_capacity(wanted.len());
+        for (f, el) in wanted.iter().zip(&eligible) {
+            let got = match f {
+                Family::Ipv4 => self.take4(el, now_ms),
+                Family::Ipv6 => self.take6(el, now_ms),
+            };
+            let failed = match got {
+                Ok(Ok(t)) => {
+                    taken.push(t);
+                    continue;
+                }
+                Ok(Err(why)) => Ok(AllocStep::Wait(why)),
+                Err(mut r) => {
+                    if wanted.len() > 1 || *f == Family::Ipv6 {
+                        r.message = format!("family {f}: {}", r.message);
+                    }
+                    Err(r)
+                }
+            };
+            for t in taken.into_iter().rev() {
+                self.untake(t);
+            }
+            return failed;
+        }
+
+        let (data, key_len) = encode_data(req.key, req.pod, req.host_veth);
+        let mut leases = Vec::with_capacity(taken.len());
+        let mut records = Vec::with_capacity(taken.len());
+        for t in taken {
+            let (addr, pool_name) = match t {
+                Taken::V4(p, idx, _) => (Addr::from(self.pools[p].addr_of(idx)), p as u16),
+                Taken::V6(q, a, _) => (a, self.name6(q)),
+            };
+            let entry = LeaseEntry {
+                data: data.clone(),
+                allocated_at_ms: now_ms,
+                addr,
+                key_len,
+                pool_name,
+                state: LeaseState::PendingAlloc,
+                seen: false,
+            };
+            let name: Box<str> = self.names[usize::from(pool_name)].clone();
+            leases.push(entry.to_lease(&name));
+            records.push(Record::Alloc(AllocRec {
+                data: data.clone(),
+                key_len,
+                addr,
+                allocated_at_ms: now_ms,
+                pool: name,
+            }));
+            self.leases
+                .insert(entry)
+                .expect("the key holds no lease and the address was free");
+        }
+        Ok(AllocStep::Fresh { leases, records })
+    }
+
+    /// Reserve an IPv4 address in one of `eligible`; `Ok(Err(why))`: wait and retry.
+    fn take4(&mut self, eligible: &[usize], now_ms: u64) -> Result<Result<Taken, String>, Refusal> {
         let mut chosen = None;
-        for &p in &eligible {
+        for &p in eligible {
             if let Some(idx) = self.pools[p].free.take_next() {
-                chosen = Some((p, idx as u32));
+                chosen = Some((p, idx as u32, None));
                 break;
             }
         }
         if chosen.is_none() {
             if eligible.iter().any(|&p| self.pools[p].held > 0) {
                 // These become free as soon as their old veth is gone: milliseconds.
-                return Ok(AllocStep::Wait(
+                return Ok(Err(
                     "the only reusable addresses wait for their old host veth to be deleted".into(),
                 ));
             }
             if self.policy == OnOnlyCooling::ReuseOldest {
-                chosen = self.take_oldest_cooling(&eligible);
+                chosen = self.take_oldest_cooling(eligible);
             }
         }
-        let Some((p, idx)) = chosen else {
-            return Err(self.exhausted(&eligible, now_ms));
+        let Some((p, idx, reused)) = chosen else {
+            return Err(self.exhausted(eligible, now_ms));
         };
-
         let pool = &mut self.pools[p];
         pool.slots[idx as usize] = Slot::Leased;
         pool.leased += 1;
-        let addr = pool.addr_of(idx);
-        let (data, key_len) = encode_data(req.key, req.pod, req.host_veth);
-        let entry = LeaseEntry {
-            data: data.clone(),
-            allocated_at_ms: now_ms,
-            addr,
-            key_len,
-            pool_name: p as u16,
-            state: LeaseState::PendingAlloc,
-            seen: false,
-        };
-        let pool_name: Box<str> = pool.spec.name.as_str().into();
-        let lease = entry.to_lease(&pool_name);
-        let record = Record::Alloc(AllocRec {
-            data,
-            key_len,
-            addr,
-            allocated_at_ms: now_ms,
-            pool: pool_name,
-        });
-        self.leases
-            .insert(entry)
-            .expect("the key holds no lease and the address was free");
-        Ok(AllocStep::Fresh { lease, record })
+        Ok(Ok(Taken::V4(p, idx, reused)))
+    }
+
+    /// Reserve an IPv6 address in one of `eligible`, as [`State::take4`].
+    fn take6(&mut self, eligible: &[usize], now_ms: u64) -> Result<Result<Taken, String>, Refusal> {
+        for &q in eligible {
+            if let Some(a) = self.pools6[q].take_next() {
+                self.pools6[q].leased += 1;
+                return Ok(Ok(Taken::V6(q, a, None)));
+            }
+        }
+        if eligible.iter().any(|&q| !self.pools6[q].held.is_empty()) {
+            return Ok(Err(
+                "the only reusable addresses wait for their old host veth to be deleted".into(),
+            ));
+        }
+        if self.policy == OnOnlyCooling::ReuseOldest {
+            let mut best: Option<(u64, usize, usize)> = None;
+            for &q in eligible {
+                let pool = &self.pools6[q];
+                if let Some((pos, &(_, at))) = pool
+                    .cooling
+                    .iter()
+                    .enumerate()
+                    .find(|(_, (a, _))| !self.holds.contains_key(a))
+                {
+                    if best.is_none_or(|(t, _, _)| at < t) {
+                        best = Some((at, q, pos));
+                    }
+                }
+            }
+            if let Some((_, q, pos)) = best {
+                let (a, at) = self.pools6[q].cooling.remove(pos).expect("found above");
+                self.pools6[q].leased += 1;
+                self.reused.insert(a, at);
+                return Ok(Ok(Taken::V6(q, a, Some(at))));
+            }
+        }
+        Err(self.exhausted6(eligible, now_ms))
+    }
+
+    /// Put back an address reserved by [`State::take4`] or [`State::take6`].
+    fn untake(&mut self, t: Taken) {
+        match t {
+            Taken::V4(p, idx, reused) => {
+                let addr = Addr::from(self.pools[p].addr_of(idx));
+                let pool = &mut self.pools[p];
+                pool.leased -= 1;
+                match reused {
+                    Some(at) => {
+                        self.reused.remove(&addr);
+                        pool.slots[idx as usize] = Slot::Cooling;
+                        pool.push_cooling(idx, at);
+                    }
+                    None => pool.make_free(idx),
+                }
+            }
+            Taken::V6(q, a, reused) => {
+                let pool = &mut self.pools6[q];
+                pool.leased -= 1;
+                match reused {
+                    Some(at) => {
+                        self.reused.remove(&a);
+                        pool.push_cooling(a, at);
+                    }
+                    None => pool.put(a),
+                }
+            }
+        }
     }
 
     /// `reuse-oldest`: the cooling address released longest ago among `eligible` (not held,
     /// still present).
-    fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<(usize, u32)> {
+    fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<(usize, u32, Option<u64>)> {
         let mut best: Option<(u64, usize, usize)> = None;
         for &p in eligible {
             let pool = &self.pools[p];
             // Held links are deleted within milliseconds, so a held entry is rarely far in.
             if let Some((pos, &(_, at))) = pool.cooling.iter().enumerate().find(|(_, (idx, _))| {
-                pool.is_present(*idx) && !self.holds.contains_key(&pool.addr_of(*idx))
+                pool.is_present(*idx) && !self.holds.contains_key(&Addr::from(pool.addr_of(*idx)))
             }) {
                 if best.is_none_or(|(t, _, _)| at < t) {
                     best = Some((at, p, pos));
@@ -189,8 +378,9 @@ impl State {
         }
         let (_, p, pos) = best?;
         let (idx, at) = self.pools[p].cooling.remove(pos)?;
-        self.reused.insert(self.pools[p].addr_of(idx), at);
-        Some((p, idx))
+        self.reused
+            .insert(Addr::from(self.pools[p].addr_of(idx)), at);
+        Some((p, idx, Some(at)))
     }
 
     pub(super) fn exhausted(&self, eligible: &[usize], now_ms: u64) -> Refusal {
@@ -211,6 +401,31 @@ impl State {
             // A pool still waiting for its first read may have addresses any moment.
             Refusal::new(ErrorKind::Unavailable, msg)
         } else if cooling > 0 {
+            let _ = write!(
+                msg,
+                ". The {cooling} cooling addresses were released less than {}s ago and are kept \
+                 unused so no stale connection reaches a new pod (on_only_cooling = \"fail\"); \
+                 set on_only_cooling = \"reuse-oldest\" to reuse them early, or add addresses",
+                self.cooldown.as_secs()
+            );
+            Refusal::new(ErrorKind::OnlyCooling, msg)
+        } else {
+            msg.push_str(". Release unused attachments (GC) or add addresses to the pool");
+            Refusal::new(ErrorKind::PoolExhausted, msg)
+        }
+    }
+
+    pub(super) fn exhausted6(&self, eligible: &[usize], now_ms: u64) -> Refusal {
+        let cooling: usize = eligible
+            .iter()
+            .map(|&q| self.pools6[q].cooling_count())
+            .sum();
+        let mut msg = eligible
+            .iter()
+            .map(|&q| self.pools6[q].usage(self.cooldown, now_ms))
+            .collect::<Vec<_>>()
+            .join("; ");
+        if cooling > 0 {
             let _ = write!(
                 msg,
                 ". The {cooling} cooling addresses were released less than {}s ago and are kept \

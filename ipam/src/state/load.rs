@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use aliasnet_ipam_proto::{Lease, RECOVERED_NETWORK};
 
-use crate::{config::Config, reconcile::is_ours, store::Loaded};
+use crate::{config::Config, lease::Addr, reconcile::is_ours, store::Loaded};
 
 use super::{
     ms,
@@ -49,16 +49,26 @@ impl State {
                 .copied()
                 .unwrap_or(u16::MAX);
             let addr = e.addr;
-            let placed = match locate_span(&st.spans, addr) {
+            if let Some(q) = st.locate6(addr) {
+                // An IPv6 lease (`recover` rebuilds IPv4 leases only, so never a recovered one).
+                let name = st.name6(q);
+                st.leases.get_mut(id).pool_name = name;
+                let pool = &mut st.pools6[q];
+                pool.take(addr);
+                pool.start_after(addr);
+                pool.leased += 1;
+                continue;
+            }
+            let v4 = u32::try_from(addr).ok();
+            let placed = match v4.and_then(|a| locate_span(&st.spans, a)) {
                 Some(found) => Some(found),
                 None => {
                     // A metadata pool's lease: its slot exists from now on, absent until the
                     // pool's first read lists the address.
                     let p = usize::from(recorded);
-                    if st.pools.get(p).is_some_and(Pool::dynamic) {
-                        st.dyn_slot(p, addr)
-                    } else {
-                        None
+                    match v4 {
+                        Some(a) if st.pools.get(p).is_some_and(Pool::dynamic) => st.dyn_slot(p, a),
+                        _ => None,
                     }
                 }
             };
@@ -112,7 +122,7 @@ impl State {
                 }
             }
         }
-        let mut cooling: Vec<(u32, u64, Option<Box<str>>)> =
+        let mut cooling: Vec<(Addr, u64, Option<Box<str>>)> =
             cooling.into_iter().map(|(a, (t, l))| (a, t, l)).collect();
         cooling.sort_by_key(|(a, t, _)| (*t, *a));
         let mut holds = Vec::new();
@@ -123,6 +133,21 @@ impl State {
             let link = link.filter(|l| !live_veths.contains(&**l) && is_ours(l, &st.veth_prefix));
             // A clock that went backwards must not stretch the cooldown without bound.
             let at = at.min(now_ms);
+            if let Some(q) = st.locate6(addr) {
+                let pool = &mut st.pools6[q];
+                if pool.take(addr) {
+                    pool.start_after(addr);
+                    pool.push_cooling(addr, at);
+                    report.cooling += 1;
+                    if let Some(l) = &link {
+                        holds.push((addr, l.clone()));
+                    }
+                }
+                if let Some(l) = link {
+                    st.teardowns.entry(l).or_default();
+                }
+                continue;
+            }
             match st.locate(addr) {
                 Some((p, idx)) => {
                     let pool = &mut st.pools[p];

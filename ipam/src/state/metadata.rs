@@ -7,6 +7,7 @@ use aliasnet_ipam_proto::{Lease, MetadataStatus};
 use crate::config::MAX_METADATA_ADDRESSES;
 
 use super::{pool::Slot, State};
+use crate::lease::Addr;
 
 /// What a metadata read changed.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -76,7 +77,7 @@ impl State {
                 listed.remove(&a);
                 continue;
             }
-            let slot = match self.locate(a) {
+            let slot = match self.locate(Addr::from(a)) {
                 Some((q, idx)) if q == p => Some(idx),
                 Some((q, _)) => {
                     change.refused.push((
@@ -132,7 +133,7 @@ impl State {
                 }
                 Slot::Leased => {
                     pool.missing += 1;
-                    if let Some(id) = self.leases.by_addr(a) {
+                    if let Some(id) = self.leases.by_addr(Addr::from(a)) {
                         change.missing.push(self.lease_of(id));
                     }
                 }
@@ -146,7 +147,7 @@ impl State {
     /// A metadata pool's new slot `idx` for `a`: leased if an orphaned lease holds the address
     /// (a lease recorded before the pool knew it), cooling if it was released before a restart.
     fn place_new(&mut self, p: usize, idx: u32, a: u32) {
-        if let Some(id) = self.leases.by_addr(a) {
+        if let Some(id) = self.leases.by_addr(Addr::from(a)) {
             self.orphans -= 1;
             self.leases.get_mut(id).pool_name = p as u16;
             let pool = &mut self.pools[p];
@@ -154,7 +155,7 @@ impl State {
             pool.leased += 1;
             // Not present until the caller marks it.
             pool.missing += 1;
-        } else if let Some(at) = self.unplaced_cooling.remove(&a) {
+        } else if let Some(at) = self.unplaced_cooling.remove(&Addr::from(a)) {
             let pool = &mut self.pools[p];
             pool.slots[idx as usize] = Slot::Cooling;
             pool.push_cooling(idx, at);

@@ -11,6 +11,9 @@
 //! when the cooldown ends while the old host veth is still being deleted (its /32 route still
 //! points at the old veth until then).
 //!
+//! IPv6 pools ([`pool6`]) keep their free addresses as intervals instead of slots, so a
+//! delegated /64 is never enumerated; their addresses go through the same life cycle.
+//!
 //! Metadata pools (`azure-imds`) learn their addresses at run time ([`State::apply_metadata`]).
 //! Each address gets a slot when first seen and keeps it; a slot is *present* while the last
 //! good read lists it. A slot is in the free bitmap exactly when it is `Free` and present, so
@@ -22,25 +25,30 @@ mod alloc;
 mod load;
 mod metadata;
 mod pool;
+mod pool6;
 mod release;
 mod report;
 mod snapshot;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests6;
 
-use std::{collections::HashMap, net::Ipv4Addr, time::Duration};
+use std::{collections::HashMap, net::IpAddr, time::Duration};
 
 use aliasnet_ipam_proto::{AttachmentKey, ErrorKind, Family, Lease, PodRef, RECOVERED_NETWORK};
 
 use crate::{
     config::{Config, OnOnlyCooling},
-    lease::{encode_key, LeaseEntry, LeaseState, LeaseTable},
+    lease::addr_family,
+    lease::{encode_key, Addr, LeaseEntry, LeaseState, LeaseTable},
     store::record::Record,
 };
 
 pub use load::LoadReport;
 pub use metadata::MetadataChange;
 use pool::{locate_span, Pool, Slot, Span};
+use pool6::Pool6;
 pub use report::PoolCounts;
 
 /// A request the allocator turns down; maps 1:1 to a protocol error reply.
@@ -77,10 +85,13 @@ pub struct AllocRequest<'a> {
 
 #[derive(Debug)]
 pub enum AllocStep {
-    /// The key already holds this lease (idempotent repeat).
-    Existing(Lease),
-    /// A new reservation: durable once `record` is committed.
-    Fresh { lease: Lease, record: Record },
+    /// The key already holds these leases (idempotent repeat), IPv4 first.
+    Existing(Vec<Lease>),
+    /// New reservations (IPv4 first): durable once `records` are committed, together.
+    Fresh {
+        leases: Vec<Lease>,
+        records: Vec<Record>,
+    },
     /// Something this request depends on is in flight; retry after the next change.
     Wait(String),
 }
@@ -91,10 +102,12 @@ pub enum ReleaseStep {
     NotFound {
         teardown: Option<Box<str>>,
     },
+    /// The key's leases (IPv4 first) are being released: one record and pool name each.
     Fresh {
-        record: Record,
-        address: Ipv4Addr,
-        pool: String,
+        records: Vec<Record>,
+        /// The IPv4 address when there is one, else the IPv6 one.
+        address: IpAddr,
+        pools: Vec<String>,
     },
     Wait(String),
 }
@@ -106,6 +119,10 @@ pub struct State {
     veth_prefix: String,
     pools: Vec<Pool>,
     spans: Vec<Span>,
+    /// IPv6 pools; their pool names follow those of `pools` in `names`.
+    pools6: Vec<Pool6>,
+    /// (first, last, pool6) of every IPv6 range, by first address.
+    spans6: Vec<(Addr, Addr, usize)>,
     /// Addresses of metadata pools -> (pool, slot).
     dynamic: HashMap<u32, (usize, u32)>,
     /// Pool names: the configured pools first, then names only old records mention.
@@ -113,15 +130,15 @@ pub struct State {
     leases: LeaseTable,
     orphans: usize,
     /// Address -> link whose deletion it waits for.
-    holds: HashMap<u32, Box<str>>,
+    holds: HashMap<Addr, Box<str>>,
     /// Link being deleted -> addresses held until it is gone.
-    teardowns: HashMap<Box<str>, Vec<u32>>,
+    teardowns: HashMap<Box<str>, Vec<Addr>>,
     /// Pending allocations that took a cooling address (`reuse-oldest`): address -> release
     /// time, so an abort puts it back to cool instead of freeing it early.
-    reused: HashMap<u32, u64>,
+    reused: HashMap<Addr, u64>,
     /// Released addresses in no pool yet (a metadata pool's, before its first read after a
     /// restart): address -> release time. They cool down when the metadata lists them again.
-    unplaced_cooling: HashMap<u32, u64>,
+    unplaced_cooling: HashMap<Addr, u64>,
     /// Recovered leases (key unknown) by host veth -> lease id.
     recovered: HashMap<Box<str>, u32>,
 }
@@ -133,7 +150,19 @@ fn ms(d: Duration) -> u64 {
 impl State {
     /// An empty state over the configured pools.
     pub fn new(config: &Config) -> Self {
-        let pools: Vec<Pool> = config.pools.iter().cloned().map(Pool::new).collect();
+        let (v4, v6): (Vec<_>, Vec<_>) = config
+            .pools
+            .iter()
+            .cloned()
+            .partition(|p| p.family == Family::Ipv4);
+        let pools: Vec<Pool> = v4.into_iter().map(Pool::new).collect();
+        let pools6: Vec<Pool6> = v6.into_iter().map(Pool6::new).collect();
+        let mut spans6: Vec<(Addr, Addr, usize)> = pools6
+            .iter()
+            .enumerate()
+            .flat_map(|(q, p)| p.spec.ranges6.iter().map(move |r| (r.first, r.last, q)))
+            .collect();
+        spans6.sort_unstable();
         let mut spans: Vec<Span> = pools
             .iter()
             .enumerate()
@@ -156,9 +185,16 @@ impl State {
             gc_grace_ms: ms(config.gc_grace),
             policy: config.on_only_cooling,
             veth_prefix: config.host_veth_prefix.clone(),
-            names: pools.iter().map(|p| p.spec.name.as_str().into()).collect(),
+            names: pools
+                .iter()
+                .map(|p| &p.spec)
+                .chain(pools6.iter().map(|p| &p.spec))
+                .map(|s| s.name.as_str().into())
+                .collect(),
             pools,
             spans,
+            pools6,
+            spans6,
             dynamic: HashMap::new(),
             leases: LeaseTable::default(),
             orphans: 0,
@@ -179,8 +215,22 @@ impl State {
         u16::try_from(self.names.len() - 1).unwrap_or(u16::MAX)
     }
 
-    fn locate(&self, addr: u32) -> Option<(usize, u32)> {
-        locate_span(&self.spans, addr).or_else(|| self.dynamic.get(&addr).copied())
+    /// IPv4 pool and slot of `addr` (`None` for an IPv6 address).
+    fn locate(&self, addr: Addr) -> Option<(usize, u32)> {
+        let a = u32::try_from(addr).ok()?;
+        locate_span(&self.spans, a).or_else(|| self.dynamic.get(&a).copied())
+    }
+
+    /// IPv6 pool of `addr`.
+    fn locate6(&self, addr: Addr) -> Option<usize> {
+        let i = self.spans6.partition_point(|s| s.0 <= addr);
+        let &(_, last, q) = self.spans6.get(i.checked_sub(1)?)?;
+        (addr <= last).then_some(q)
+    }
+
+    /// Index in `names` of IPv6 pool `q`.
+    fn name6(&self, q: usize) -> u16 {
+        (self.pools.len() + q) as u16
     }
 
     fn pool_name(&self, e: &LeaseEntry) -> &str {
@@ -206,12 +256,25 @@ impl State {
                     break;
                 }
                 pool.cooling.pop_front();
-                let addr = pool.addr_of(idx);
+                let addr = Addr::from(pool.addr_of(idx));
                 if self.holds.contains_key(&addr) {
                     pool.slots[idx as usize] = Slot::Held;
                     pool.held += 1;
                 } else {
                     pool.make_free(idx);
+                }
+            }
+        }
+        for pool in &mut self.pools6 {
+            while let Some(&(addr, at)) = pool.cooling.front() {
+                if at.saturating_add(cd) > now_ms {
+                    break;
+                }
+                pool.cooling.pop_front();
+                if self.holds.contains_key(&addr) {
+                    pool.held.insert(addr);
+                } else {
+                    pool.put(addr);
                 }
             }
         }
@@ -225,14 +288,14 @@ impl State {
     pub fn commit(&mut self, rec: &Record) -> Option<Box<str>> {
         match rec {
             Record::Alloc(a) => {
-                if let Some(id) = self.leases.find(a.key()) {
+                if let Some(id) = self.leases.find(a.key(), addr_family(a.addr)) {
                     self.leases.get_mut(id).state = LeaseState::Committed;
                 }
                 self.reused.remove(&a.addr);
                 None
             }
             Record::Release(r) => {
-                if let Some(id) = self.leases.find(&r.key) {
+                if let Some(id) = self.leases.find(&r.key, addr_family(r.addr)) {
                     let e = self.leases.remove(id);
                     if e.network_is(RECOVERED_NETWORK) {
                         if let Some(v) = e.host_veth() {
@@ -250,14 +313,21 @@ impl State {
                         pool.leased -= 1;
                         pool.push_cooling(idx, r.released_at_ms);
                     }
-                    None => {
-                        self.orphans -= 1;
-                        self.unplaced_cooling.insert(r.addr, r.released_at_ms);
-                    }
+                    None => match self.locate6(r.addr) {
+                        Some(q) => {
+                            let pool = &mut self.pools6[q];
+                            pool.leased -= 1;
+                            pool.push_cooling(r.addr, r.released_at_ms);
+                        }
+                        None => {
+                            self.orphans -= 1;
+                            self.unplaced_cooling.insert(r.addr, r.released_at_ms);
+                        }
+                    },
                 }
                 let link = r.teardown.as_ref()?;
                 let fresh = !self.teardowns.contains_key(link);
-                let in_pool = self.locate(r.addr).is_some();
+                let in_pool = self.locate(r.addr).is_some() || self.locate6(r.addr).is_some();
                 let held = self.teardowns.entry(link.clone()).or_default();
                 if in_pool {
                     held.push(r.addr);
@@ -273,10 +343,19 @@ impl State {
     pub fn abort(&mut self, rec: &Record) {
         match rec {
             Record::Alloc(a) => {
-                let Some(id) = self.leases.find(a.key()) else {
+                let Some(id) = self.leases.find(a.key(), addr_family(a.addr)) else {
                     return;
                 };
                 self.leases.remove(id);
+                if let Some(q) = self.locate6(a.addr) {
+                    let pool = &mut self.pools6[q];
+                    pool.leased -= 1;
+                    match self.reused.remove(&a.addr) {
+                        Some(at) => pool.push_cooling(a.addr, at),
+                        None => pool.put(a.addr),
+                    }
+                    return;
+                }
                 if let Some((p, idx)) = self.locate(a.addr) {
                     let pool = &mut self.pools[p];
                     pool.leased -= 1;
@@ -290,7 +369,7 @@ impl State {
                 }
             }
             Record::Release(r) => {
-                if let Some(id) = self.leases.find(&r.key) {
+                if let Some(id) = self.leases.find(&r.key, addr_family(r.addr)) {
                     self.leases.get_mut(id).state = LeaseState::Committed;
                 }
             }
@@ -301,16 +380,25 @@ impl State {
     /// True while the fresh allocation of `key` made at `allocated_at_ms` is committed and has
     /// not been handed to anyone else (an idempotent repeat) since.
     pub fn unseen_fresh(&self, key: &AttachmentKey, allocated_at_ms: u64) -> bool {
-        self.leases.find(&encode_key(key)).is_some_and(|id| {
-            let e = self.leases.get(id);
-            e.state == LeaseState::Committed && !e.seen && e.allocated_at_ms == allocated_at_ms
-        })
+        let mut ids = self.leases.find_all(&encode_key(key)).peekable();
+        ids.peek().is_some()
+            && ids.all(|id| {
+                let e = self.leases.get(id);
+                e.state == LeaseState::Committed && !e.seen && e.allocated_at_ms == allocated_at_ms
+            })
     }
 
     /// `link` is gone (or its deletion was given up): free what waited for it.
     pub fn teardown_done(&mut self, link: &str) {
         for addr in self.teardowns.remove(link).unwrap_or_default() {
             self.holds.remove(&addr);
+            if let Some(q) = self.locate6(addr) {
+                let pool = &mut self.pools6[q];
+                if pool.held.remove(&addr) {
+                    pool.put(addr);
+                }
+                continue;
+            }
             if let Some((p, idx)) = self.locate(addr) {
                 let pool = &mut self.pools[p];
                 if pool.slots[idx as usize] == Slot::Held {

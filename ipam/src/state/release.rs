@@ -1,11 +1,11 @@
 //! Releases: by key, by lease, stale (reconcile) and GC.
 
-use std::{collections::HashSet, net::Ipv4Addr};
+use std::collections::HashSet;
 
 use aliasnet_ipam_proto::{host_veth_name, Attachment, AttachmentKey, Lease, RECOVERED_NETWORK};
 
 use crate::{
-    lease::{encode_key, validate_ifname, validate_key, LeaseState},
+    lease::{addr_ip, encode_key, validate_ifname, validate_key, Addr, LeaseState},
     reconcile::is_ours,
     store::record::{Record, ReleaseRec},
 };
@@ -34,7 +34,7 @@ impl State {
         key: &AttachmentKey,
         teardown: Option<&str>,
         not_after: Option<u64>,
-        lease: Option<(u32, u64)>,
+        lease: Option<(Addr, u64)>,
         now_ms: u64,
     ) -> Result<ReleaseStep, Refusal> {
         validate_key(key).map_err(Refusal::bad)?;
@@ -42,28 +42,38 @@ impl State {
             validate_ifname("teardown_link", v).map_err(Refusal::bad)?;
         }
         let released_at_ms = not_after.map_or(now_ms, |t| t.min(now_ms));
-        let found = match self.leases.find(&encode_key(key)) {
-            Some(id) => {
-                if not_after.is_some_and(|t| self.leases.get(id).allocated_at_ms > t) {
-                    return Ok(ReleaseStep::NotFound { teardown: None });
-                }
-                Some(id)
-            }
+        let mut ids: Vec<u32> = self.leases.find_all(&encode_key(key)).collect();
+        if ids.is_empty() {
             // A recovered lease is the attachment as it was when the kernel was read: a DEL
             // naming its veth is about it, whenever it was spooled.
-            None => self.recovered_for(key, teardown),
-        };
-        // No lease, no link deleted: the name alone proves nothing about whose link it is.
-        let Some(id) = found else {
-            return Ok(ReleaseStep::NotFound { teardown: None });
-        };
+            ids.extend(self.recovered_for(key, teardown));
+        } else if let Some(t) = not_after {
+            ids.retain(|id| self.leases.get(*id).allocated_at_ms <= t);
+        }
         if let Some((addr, at)) = lease {
-            let e = self.leases.get(id);
-            if (e.addr, e.allocated_at_ms) != (addr, at) {
+            // The leases of that Allocate, if the address is one of them.
+            if !ids.iter().any(|id| {
+                let e = self.leases.get(*id);
+                (e.addr, e.allocated_at_ms) == (addr, at)
+            }) {
                 return Ok(ReleaseStep::NotFound { teardown: None });
             }
+            ids.retain(|id| self.leases.get(*id).allocated_at_ms == at);
         }
-        if let Some(l) = teardown {
+        // No lease, no link deleted: the name alone proves nothing about whose link it is.
+        if ids.is_empty() {
+            return Ok(ReleaseStep::NotFound { teardown: None });
+        }
+        if let Some(id) = ids
+            .iter()
+            .copied()
+            .find(|id| self.leases.get(*id).state != LeaseState::Committed)
+        {
+            let _ = id;
+            return Ok(ReleaseStep::Wait(format!("a change to {key} is in flight")));
+        }
+        for &id in &ids {
+            let Some(l) = teardown else { break };
             if !self.link_is_leases(id, l) {
                 return Err(Refusal::bad(format!(
                     "teardown_link {l} is not the host veth recorded for {key}'s lease{}; \
@@ -75,7 +85,27 @@ impl State {
                 )));
             }
         }
-        self.release_id(id, teardown, released_at_ms, key)
+        let mut records = Vec::with_capacity(ids.len());
+        let mut pools = Vec::with_capacity(ids.len());
+        let mut address = None;
+        for id in ids {
+            let ReleaseStep::Fresh {
+                records: r,
+                address: a,
+                pools: p,
+            } = self.release_id(id, teardown, released_at_ms, key)?
+            else {
+                unreachable!("every lease was checked to be committed");
+            };
+            address.get_or_insert(a);
+            records.extend(r);
+            pools.extend(p);
+        }
+        Ok(ReleaseStep::Fresh {
+            records,
+            address: address.expect("at least one lease"),
+            pools,
+        })
     }
 
     /// Whether `link` is lease `id`'s own host veth: named like ours, and the one recorded for
@@ -112,14 +142,14 @@ impl State {
                 .flatten()
         });
         Ok(ReleaseStep::Fresh {
-            address: Ipv4Addr::from(e.addr),
-            record: Record::Release(ReleaseRec {
+            address: addr_ip(e.addr),
+            records: vec![Record::Release(ReleaseRec {
                 key: e.key().into(),
                 addr: e.addr,
                 released_at_ms,
                 teardown,
-            }),
-            pool,
+            })],
+            pools: vec![pool],
         })
     }
 
@@ -127,7 +157,7 @@ impl State {
     /// `allocated_at_ms` (reconcile: its veth is gone). `None` if it changed meanwhile.
     pub fn begin_release_stale(
         &mut self,
-        addr: u32,
+        addr: Addr,
         allocated_at_ms: u64,
         now_ms: u64,
     ) -> Option<ReleaseStep> {

@@ -4,7 +4,7 @@ use aliasnet_ipam_proto::{AttachmentKey, Lease, PoolStats};
 
 use crate::{
     config::OnOnlyCooling,
-    lease::{encode_key, validate_key, LeaseEntry, LeaseState},
+    lease::{encode_key, validate_key, Addr, LeaseEntry, LeaseState},
 };
 
 use super::{ms, Refusal, State};
@@ -24,17 +24,19 @@ pub struct PoolCounts {
 }
 
 impl State {
-    /// The acknowledged lease of `key`, if any (or the recovered lease of its host veth). A
-    /// change still in flight is not visible.
-    pub fn check(&self, key: &AttachmentKey) -> Result<Option<Lease>, Refusal> {
+    /// The acknowledged leases of `key`, IPv4 first (or the recovered lease of its host
+    /// veth). A change still in flight is not visible.
+    pub fn check(&self, key: &AttachmentKey) -> Result<Vec<Lease>, Refusal> {
         validate_key(key).map_err(Refusal::bad)?;
-        let id = self
-            .leases
-            .find(&encode_key(key))
-            .or_else(|| self.recovered_for(key, None));
-        Ok(id
+        let mut ids: Vec<u32> = self.leases.find_all(&encode_key(key)).collect();
+        if ids.is_empty() {
+            ids.extend(self.recovered_for(key, None));
+        }
+        Ok(ids
+            .into_iter()
             .filter(|id| self.leases.get(*id).state != LeaseState::PendingAlloc)
-            .map(|id| self.lease_of(id)))
+            .map(|id| self.lease_of(id))
+            .collect())
     }
 
     /// Every acknowledged lease, by address.
@@ -50,10 +52,10 @@ impl State {
     /// `max_bytes` of JSON; and the address to continue after, if more may follow.
     pub fn list_page(
         &self,
-        after: Option<u32>,
+        after: Option<Addr>,
         limit: usize,
         max_bytes: usize,
-    ) -> (Vec<Lease>, Option<u32>) {
+    ) -> (Vec<Lease>, Option<Addr>) {
         let mut out = Vec::with_capacity(limit.min(self.leases.len()));
         let mut bytes = 0;
         let mut last = None;
@@ -77,10 +79,10 @@ impl State {
     /// work under the lock); returns where to continue, `None` at the end.
     pub fn scan_leases(
         &self,
-        after: Option<u32>,
+        after: Option<Addr>,
         limit: usize,
-        mut f: impl FnMut(u32, &LeaseEntry),
-    ) -> Option<u32> {
+        mut f: impl FnMut(Addr, &LeaseEntry),
+    ) -> Option<Addr> {
         let mut last = None;
         for (scanned, (addr, id)) in self.leases.after_addr(after).enumerate() {
             if scanned >= limit {
@@ -101,10 +103,12 @@ impl State {
 
     /// Names of the configured pools (only the metadata ones with `metadata_only`).
     pub fn pool_names(&self, metadata_only: bool) -> Vec<String> {
+        let v6 = self.pools6.iter().filter(|_| !metadata_only);
         self.pools
             .iter()
             .filter(|p| !metadata_only || p.dynamic())
             .map(|p| p.spec.name.clone())
+            .chain(v6.map(|p| p.spec.name.clone()))
             .collect()
     }
 
@@ -146,6 +150,18 @@ impl State {
                 missing: p.reported_missing() as u64,
                 metadata: p.metadata.clone(),
             })
+            .chain(self.pools6.iter().map(|p| PoolStats {
+                name: p.spec.name.clone(),
+                family: aliasnet_ipam_proto::Family::Ipv6,
+                source: p.spec.source.to_string(),
+                total: p.spec.size,
+                allocated: p.leased as u64,
+                cooling: p.cooling_count() as u64,
+                free: p.free_count(),
+                pending_teardown: p.held.len() as u64,
+                missing: 0,
+                metadata: None,
+            }))
             .collect()
     }
 
@@ -163,6 +179,15 @@ impl State {
                 free: p.free.free_count() as u64,
                 missing: p.reported_missing() as u64,
             })
+            .chain(self.pools6.iter().map(|p| PoolCounts {
+                name: p.spec.name.clone(),
+                size: p.spec.size,
+                allocated: p.leased as u64,
+                cooling: p.cooling.len() as u64,
+                pending_teardown: p.held.len() as u64,
+                free: p.free_count(),
+                missing: 0,
+            }))
             .collect()
     }
 
@@ -172,22 +197,40 @@ impl State {
         pool: Option<&str>,
         now_ms: u64,
     ) -> Result<(bool, u64, Option<String>), Refusal> {
+        // Every family served must be able to give an address (what an Allocate without a
+        // family list asks for); `free` is the smallest per-family count.
         let eligible = self.eligible(pool)?;
+        let eligible6 = self.eligible6(pool)?;
         self.expire(now_ms);
-        let free: u64 = eligible
-            .iter()
-            .map(|&p| self.pools[p].free.free_count() as u64)
-            .sum();
-        let soon = eligible.iter().any(|&p| {
-            let pl = &self.pools[p];
-            pl.held > 0
-                || (self.policy == OnOnlyCooling::ReuseOldest
-                    && pl.cooling.iter().any(|(i, _)| pl.is_present(*i)))
-        });
-        if free > 0 || soon {
-            Ok((true, free, None))
-        } else {
-            Ok((false, 0, Some(self.exhausted(&eligible, now_ms).message)))
+        let reuse = self.policy == OnOnlyCooling::ReuseOldest;
+        let mut families: Vec<(u64, bool, Refusal)> = Vec::with_capacity(2);
+        if !eligible.is_empty() || eligible6.is_empty() {
+            let free: u64 = eligible
+                .iter()
+                .map(|&p| self.pools[p].free.free_count() as u64)
+                .sum();
+            let soon = eligible.iter().any(|&p| {
+                let pl = &self.pools[p];
+                pl.held > 0 || (reuse && pl.cooling.iter().any(|(i, _)| pl.is_present(*i)))
+            });
+            families.push((free, soon, self.exhausted(&eligible, now_ms)));
+        }
+        if !eligible6.is_empty() {
+            let free = eligible6
+                .iter()
+                .fold(0u64, |n, &q| n.saturating_add(self.pools6[q].free_count()));
+            let soon = eligible6.iter().any(|&q| {
+                let pl = &self.pools6[q];
+                !pl.held.is_empty() || (reuse && !pl.cooling.is_empty())
+            });
+            let mut r = self.exhausted6(&eligible6, now_ms);
+            r.message = format!("family ipv6: {}", r.message);
+            families.push((free, soon, r));
+        }
+        let free = families.iter().map(|(f, _, _)| *f).min().unwrap_or(0);
+        match families.into_iter().find(|(f, soon, _)| *f == 0 && !soon) {
+            None => Ok((true, free, None)),
+            Some((_, _, r)) => Ok((false, 0, Some(r.message))),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Encoding the acknowledged state as a snapshot, and the invariant check.
 
 use crate::{
-    lease::LeaseState,
+    lease::{Addr, LeaseState},
     store::{
         record::{AllocRec, CoolRec},
         SnapshotWriter,
@@ -30,7 +30,16 @@ impl State {
         }
         for pool in &self.pools {
             for &(idx, at) in &pool.cooling {
-                let addr = pool.addr_of(idx);
+                let addr = Addr::from(pool.addr_of(idx));
+                w.cooling(CoolRec {
+                    addr,
+                    released_at_ms: at,
+                    teardown: self.holds.get(&addr).cloned(),
+                });
+            }
+        }
+        for pool in &self.pools6 {
+            for &(addr, at) in &pool.cooling {
                 w.cooling(CoolRec {
                     addr,
                     released_at_ms: at,
@@ -46,6 +55,15 @@ impl State {
             });
         }
         for (addr, link) in &self.holds {
+            if let Some(q) = self.locate6(*addr) {
+                if self.pools6[q].held.contains(addr) {
+                    w.cooling(CoolRec {
+                        addr: *addr,
+                        released_at_ms: 0,
+                        teardown: Some(link.clone()),
+                    });
+                }
+            }
             if let Some((p, idx)) = self.locate(*addr) {
                 if self.pools[p].slots[idx as usize] == Slot::Held {
                     // Cooldown is over; only the teardown is left to redo after a crash.
@@ -64,12 +82,18 @@ impl State {
     pub fn check_invariants(&self) {
         let mut leased_per_pool = vec![0usize; self.pools.len()];
         let mut missing_per_pool = vec![0usize; self.pools.len()];
+        let mut leased6 = vec![0usize; self.pools6.len()];
         let mut orphans = 0;
         let mut n = 0;
         for (id, e) in self.leases.iter() {
             n += 1;
             assert_eq!(self.leases.by_addr(e.addr), Some(id), "address index");
-            assert_eq!(self.leases.find(e.key()), Some(id), "key index");
+            assert_eq!(self.leases.find(e.key(), e.family()), Some(id), "key index");
+            if let Some(q) = self.locate6(e.addr) {
+                leased6[q] += 1;
+                assert!(!self.pools6[q].is_free(e.addr), "leased and free");
+                continue;
+            }
             match self.locate(e.addr) {
                 Some((p, idx)) => {
                     assert_eq!(self.pools[p].slots[idx as usize], Slot::Leased);
@@ -85,6 +109,16 @@ impl State {
         assert_eq!(orphans, self.orphans);
         for (veth, id) in &self.recovered {
             assert!(self.leases.get(*id).host_veth_is(veth));
+        }
+        for (q, pool) in self.pools6.iter().enumerate() {
+            assert_eq!(pool.leased, leased6[q], "pool {}", pool.spec.name);
+            pool.check();
+            for (a, _) in &pool.cooling {
+                assert!(!pool.is_free(*a) && self.leases.by_addr(*a).is_none());
+            }
+            for a in &pool.held {
+                assert!(!pool.is_free(*a) && self.leases.by_addr(*a).is_none());
+            }
         }
         for (p, pool) in self.pools.iter().enumerate() {
             assert_eq!(pool.leased, leased_per_pool[p], "pool {}", pool.spec.name);

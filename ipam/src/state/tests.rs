@@ -1,4 +1,7 @@
-use std::{net::IpAddr, path::Path};
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    path::Path,
+};
 
 use aliasnet_ipam_proto::{host_veth_name, Attachment};
 
@@ -29,21 +32,28 @@ fn alloc(st: &mut State, c: &str, now: u64) -> Result<Lease, Refusal> {
         },
         now,
     )? {
-        AllocStep::Fresh { lease, record } => {
-            st.commit(&record);
-            Ok(lease)
+        AllocStep::Fresh {
+            mut leases,
+            records,
+        } => {
+            for r in &records {
+                st.commit(r);
+            }
+            Ok(leases.remove(0))
         }
-        AllocStep::Existing(l) => Ok(l),
+        AllocStep::Existing(mut l) => Ok(l.remove(0)),
         AllocStep::Wait(w) => panic!("wait: {w}"),
     }
 }
 
-fn release(st: &mut State, c: &str, now: u64) -> Option<Ipv4Addr> {
+fn release(st: &mut State, c: &str, now: u64) -> Option<IpAddr> {
     match st.begin_release(&key(c), None, None, now).unwrap() {
         ReleaseStep::Fresh {
-            record, address, ..
+            records, address, ..
         } => {
-            st.commit(&record);
+            for r in &records {
+                st.commit(r);
+            }
             Some(address)
         }
         ReleaseStep::NotFound { .. } => None,
@@ -59,7 +69,7 @@ fn allocate_is_idempotent_and_round_robin() {
     assert_eq!(alloc(&mut st, "a", 2).unwrap(), a);
     let b = alloc(&mut st, "b", 3).unwrap();
     assert_eq!(b.address, Ipv4Addr::new(10, 0, 0, 1));
-    assert_eq!(release(&mut st, "a", 4).map(IpAddr::V4), Some(a.address));
+    assert_eq!(release(&mut st, "a", 4), Some(a.address));
     // Even with no cooldown the freed address is not the next one handed out.
     assert_eq!(
         alloc(&mut st, "c", 5).unwrap().address,
@@ -143,11 +153,12 @@ fn aborted_allocation_frees_the_slot_and_hides_the_lease() {
         host_veth: None,
         families: None,
     };
-    let AllocStep::Fresh { record, .. } = st.begin_allocate(req, 0).unwrap() else {
+    let AllocStep::Fresh { mut records, .. } = st.begin_allocate(req, 0).unwrap() else {
         panic!()
     };
+    let record = records.remove(0);
     // Pending: invisible, and a repeat waits for it.
-    assert_eq!(st.check(&k).unwrap(), None);
+    assert_eq!(st.check(&k).unwrap(), vec![]);
     assert!(matches!(
         st.begin_allocate(req, 0).unwrap(),
         AllocStep::Wait(_)
@@ -158,7 +169,7 @@ fn aborted_allocation_frees_the_slot_and_hides_the_lease() {
     ));
     st.abort(&record);
     st.check_invariants();
-    assert_eq!(st.check(&k).unwrap(), None);
+    assert_eq!(st.check(&k).unwrap(), vec![]);
     assert!(matches!(
         st.begin_allocate(req, 0).unwrap(),
         AllocStep::Fresh { .. }
@@ -178,14 +189,16 @@ fn held_address_waits_for_teardown() {
         host_veth: Some(&old),
         families: None,
     };
-    let AllocStep::Fresh { record, .. } = st.begin_allocate(req, 0).unwrap() else {
+    let AllocStep::Fresh { mut records, .. } = st.begin_allocate(req, 0).unwrap() else {
         panic!()
     };
+    let record = records.remove(0);
     st.commit(&record);
-    let ReleaseStep::Fresh { record, .. } = st.begin_release(&k, Some(&old), None, 1).unwrap()
+    let ReleaseStep::Fresh { mut records, .. } = st.begin_release(&k, Some(&old), None, 1).unwrap()
     else {
         panic!()
     };
+    let record = records.remove(0);
     assert_eq!(st.commit(&record).as_deref(), Some(old.as_str()));
     // The same veth name waits; so does anyone needing the held address.
     assert!(matches!(
@@ -221,7 +234,7 @@ fn gc_releases_only_stale_leases_of_the_network() {
     }
     let other = AttachmentKey::new("other", "x", "eth0");
     let pod = PodRef::default();
-    let AllocStep::Fresh { record, .. } = st
+    let AllocStep::Fresh { mut records, .. } = st
         .begin_allocate(
             AllocRequest {
                 key: &other,
@@ -236,6 +249,7 @@ fn gc_releases_only_stale_leases_of_the_network() {
     else {
         panic!()
     };
+    let record = records.remove(0);
     st.commit(&record);
     let valid = vec![Attachment {
         container_id: "b".into(),
@@ -316,7 +330,7 @@ fn allocation_stays_fast_when_nearly_full() {
     let pod = PodRef::default();
     for i in 0..n {
         let k = AttachmentKey::new("net", &format!("c{i}"), "eth0");
-        let AllocStep::Fresh { record, .. } = st
+        let AllocStep::Fresh { mut records, .. } = st
             .begin_allocate(
                 AllocRequest {
                     key: &k,
@@ -331,6 +345,7 @@ fn allocation_stays_fast_when_nearly_full() {
         else {
             panic!()
         };
+        let record = records.remove(0);
         st.commit(&record);
     }
     assert_eq!(st.stats(0)[0].free, 0);

@@ -20,7 +20,9 @@ use super::{
     corrupt, create_private, log_name, record, sync_dir, tail_after, StoreError, SNAPSHOT_FILE,
     SNAPSHOT_TMP,
 };
+use crate::lease::{addr_family, addr_ip, Addr};
 use crate::store::record::{Record, FRAME_HEADER, HEADER_LEN, LOG_MAGIC, SNAPSHOT_MAGIC};
+use aliasnet_ipam_proto::Family;
 
 /// A link deletion cut short by a crash is redone at start if its release is younger than the
 /// cooldown plus this; deletions take milliseconds, so older entries are dropped.
@@ -42,15 +44,18 @@ pub struct Job {
     pub cooldown_ms: u64,
 }
 
+/// A live allocation in the logs: its address and encoded frame.
+type LogLease<'a> = (Addr, &'a [u8]);
+
 /// The last word of the logs on every key and address they touch, borrowing from the log
 /// buffers (no allocation per record, so nothing is left fragmenting the heap afterwards).
 #[derive(Default)]
 struct Delta<'a> {
-    /// Key -> its live allocation in the logs (address, encoded frame), or `None` if the logs
-    /// end with it released.
-    keys: FastMap<&'a [u8], Option<(u32, &'a [u8])>>,
+    /// (Key, family) -> its live allocation in the logs (address, encoded frame), or `None`
+    /// if the logs end with it released.
+    keys: FastMap<(&'a [u8], Family), Option<LogLease<'a>>>,
     /// Address -> (release time, link to tear down) of releases in the logs.
-    cooling: FastMap<u32, (u64, Option<&'a str>)>,
+    cooling: FastMap<Addr, (u64, Option<&'a str>)>,
 }
 
 impl<'a> Delta<'a> {
@@ -76,9 +81,10 @@ impl<'a> Delta<'a> {
             }
             if let Some((addr, key)) = record::peek_alloc(payload) {
                 self.cooling.remove(&addr);
-                self.keys.insert(key, Some((addr, frame)));
+                self.keys
+                    .insert((key, addr_family(addr)), Some((addr, frame)));
             } else if let Some((addr, at, key, link)) = record::peek_release(payload) {
-                self.keys.insert(key, None);
+                self.keys.insert((key, addr_family(addr)), None);
                 self.cooling.insert(addr, (at, link));
             } else {
                 return Err(corrupt(
@@ -243,7 +249,7 @@ impl Job {
         for (path, buf) in &logs {
             delta.apply_log(path, buf)?;
         }
-        let live_addrs: HashSet<u32, foldhash::fast::RandomState> = delta
+        let live_addrs: HashSet<Addr, foldhash::fast::RandomState> = delta
             .keys
             .values()
             .filter_map(|v| v.map(|(a, _)| a))
@@ -260,7 +266,7 @@ impl Job {
         record::encode_header(&mut header, SNAPSHOT_MAGIC, self.to);
         w.write_all(&header).map_err(werr)?;
         let (mut leases, mut cooling) = (0u64, 0u64);
-        let mut seen_cooling: HashSet<u32, foldhash::fast::RandomState> = HashSet::default();
+        let mut seen_cooling: HashSet<Addr, foldhash::fast::RandomState> = HashSet::default();
 
         if self.has_snapshot {
             let path = self.dir.join(SNAPSHOT_FILE);
@@ -279,7 +285,7 @@ impl Job {
                 let payload = &frame[FRAME_HEADER..];
                 if let Some((addr, key)) = record::peek_alloc(payload) {
                     // Version-2 lease: copied verbatim unless the logs decide about it.
-                    if delta.keys.contains_key(key) {
+                    if delta.keys.contains_key(&(key, addr_family(addr))) {
                         continue;
                     }
                     if live_addrs.contains(&addr) {
@@ -287,7 +293,7 @@ impl Job {
                             &path,
                             format!(
                                 "{} is leased here and allocated to another key in the logs",
-                                std::net::Ipv4Addr::from(addr)
+                                addr_ip(addr)
                             ),
                         ));
                     }
@@ -298,7 +304,7 @@ impl Job {
                 match decode(frame).map_err(|d| corrupt(&path, d))? {
                     Record::Alloc(a) => {
                         // Version-1 lease: re-encoded.
-                        if delta.keys.contains_key(a.key()) {
+                        if delta.keys.contains_key(&(a.key(), addr_family(a.addr))) {
                             continue;
                         }
                         if live_addrs.contains(&a.addr) {
@@ -306,7 +312,7 @@ impl Job {
                                 &path,
                                 format!(
                                     "{} is leased here and allocated to another key in the logs",
-                                    std::net::Ipv4Addr::from(a.addr)
+                                    addr_ip(a.addr)
                                 ),
                             ));
                         }
@@ -435,7 +441,7 @@ mod tests {
             .map(|(_, e)| e.attachment_key().container_id)
             .collect();
         assert_eq!(keys, ["c"]);
-        let mut cooling: Vec<u32> = loaded.cooling.keys().copied().collect();
+        let mut cooling: Vec<crate::lease::Addr> = loaded.cooling.keys().copied().collect();
         cooling.sort();
         assert_eq!(cooling, [1, 2], "releases still cooling at time 15");
     }

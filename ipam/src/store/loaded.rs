@@ -4,7 +4,9 @@ use std::collections::HashMap;
 
 use record::Record;
 
-use crate::lease::{display_key, InsertError, LeaseEntry, LeaseState, LeaseTable};
+use crate::lease::{
+    addr_family, addr_ip, display_key, Addr, InsertError, LeaseEntry, LeaseState, LeaseTable,
+};
 
 use super::*;
 
@@ -16,7 +18,7 @@ pub struct Loaded {
     name_idx: HashMap<Box<str>, u16>,
     pub leases: LeaseTable,
     /// Released addresses: address -> (release time, link still to tear down).
-    pub cooling: HashMap<u32, (u64, Option<Box<str>>)>,
+    pub cooling: HashMap<Addr, (u64, Option<Box<str>>)>,
     /// Log records replayed (for the start-up log line).
     pub replayed: u64,
     /// Bytes of a torn tail that were zeroed out.
@@ -48,7 +50,7 @@ impl Loaded {
         pool: &str,
         data: Box<[u8]>,
         key_len: u16,
-        addr: u32,
+        addr: Addr,
         allocated_at_ms: u64,
     ) -> Result<(), String> {
         let pool_name = self.intern(pool)?;
@@ -66,14 +68,15 @@ impl Loaded {
             Ok(_) => {}
             Err(InsertError::Key(id)) => {
                 return Err(format!(
-                    "allocation for {} which already holds a lease",
-                    display_key(self.leases.get(id).key())
+                    "allocation for {} which already holds an {} lease",
+                    display_key(self.leases.get(id).key()),
+                    addr_family(addr)
                 ))
             }
             Err(InsertError::Addr(_)) => {
                 return Err(format!(
                     "allocation of {} which another key already holds",
-                    std::net::Ipv4Addr::from(addr)
+                    addr_ip(addr)
                 ))
             }
         }
@@ -119,7 +122,7 @@ impl Loaded {
                 self.apply_alloc(&a.pool, a.data, a.key_len, a.addr, a.allocated_at_ms)?;
             }
             Record::Release(r) if !in_snapshot => {
-                match self.leases.find(&r.key) {
+                match self.leases.find(&r.key, addr_family(r.addr)) {
                     Some(id) if self.leases.get(id).addr == r.addr => {
                         self.leases.remove(id);
                     }
@@ -127,7 +130,7 @@ impl Loaded {
                         return Err(format!(
                             "release of {} ({}) which holds no such lease",
                             display_key(&r.key),
-                            std::net::Ipv4Addr::from(r.addr)
+                            addr_ip(r.addr)
                         ))
                     }
                 }
@@ -144,7 +147,7 @@ impl Loaded {
                 {
                     return Err(format!(
                         "cooling entry for {} listed twice or also leased",
-                        std::net::Ipv4Addr::from(c.addr)
+                        addr_ip(c.addr)
                     ));
                 }
             }

@@ -528,7 +528,12 @@ pub fn encode_records<'a>(recs: impl IntoIterator<Item = &'a Record>) -> Vec<u8>
 }
 
 /// A release record (tests and the state module).
-pub fn release_record(key: Box<[u8]>, addr: u32, at: u64, teardown: Option<Box<str>>) -> Record {
+pub fn release_record(
+    key: Box<[u8]>,
+    addr: crate::lease::Addr,
+    at: u64,
+    teardown: Option<Box<str>>,
+) -> Record {
     Record::Release(ReleaseRec {
         key,
         addr,

@@ -9,6 +9,9 @@
 //!         | 3 Cooling addr:u32 released_at_ms:u64 teardown:opt          (snapshot only)
 //!         | 4 End     leases:u64 cooling:u64                            (snapshot only, last)
 //!         | 7 Batch   bytes:u32 crc:u32                                 (log only, version 3)
+//!         | 8 Alloc   addr:u128 allocated_at_ms:u64 pool:str data:bytes     (IPv6, version 3)
+//!         | 9 Release addr:u128 released_at_ms:u64 key:bytes teardown:opt   (IPv6, version 3)
+//!         | 10 Cooling addr:u128 released_at_ms:u64 teardown:opt  (IPv6, snapshot only, version 3)
 //!         | 1 Alloc (version 1) addr:u32 allocated_at_ms:u64 present:u8 key:str pool:str extra:str
 //!         | 2 Release (version 1) addr:u32 released_at_ms:u64 key:str teardown:opt
 //! str    := len:u16 utf8[len]     bytes := len:u16 byte[len]     opt := 0 | 1 str
@@ -26,8 +29,14 @@
 //! marker lets the loader tell such an unacknowledged batch (no verified batch after it) from
 //! damage to acknowledged data (verified batches after it). Version 2 logs are still read, and
 //! a daemon never appends version-3 batches to an older log.
+//!
+//! IPv6 leases use types 8-10, the IPv4 types with a 16-byte address; an IPv4 lease is
+//! written exactly as before, so a file only changes once an IPv6 pool is used (a daemon
+//! older than these types then refuses it as unknown records instead of forgetting leases).
 
-use crate::lease::{data_key_len, encode_data, key_is_valid, validate_ifname, HAS_ALL};
+use crate::lease::{
+    data_key_len, encode_data, key_is_valid, validate_ifname, Addr, HAS_ALL, V6_START,
+};
 use aliasnet_ipam_proto::{AttachmentKey, PodRef};
 
 pub const HEADER_LEN: usize = 28;
@@ -51,7 +60,7 @@ pub struct AllocRec {
     /// Encoded key and optional fields ([`crate::lease`]).
     pub data: Box<[u8]>,
     pub key_len: u16,
-    pub addr: u32,
+    pub addr: Addr,
     pub allocated_at_ms: u64,
     pub pool: Box<str>,
 }
@@ -66,7 +75,7 @@ impl AllocRec {
 pub struct ReleaseRec {
     /// Encoded key.
     pub key: Box<[u8]>,
-    pub addr: u32,
+    pub addr: Addr,
     pub released_at_ms: u64,
     /// Host link to delete; kept in the record so a teardown cut short by a crash is redone.
     pub teardown: Option<Box<str>>,
@@ -74,7 +83,7 @@ pub struct ReleaseRec {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoolRec {
-    pub addr: u32,
+    pub addr: Addr,
     pub released_at_ms: u64,
     pub teardown: Option<Box<str>>,
 }
@@ -162,28 +171,39 @@ fn put_opt(out: &mut Vec<u8>, s: Option<&str>) {
     }
 }
 
+/// The record type (`types[0]` for an IPv4 address, `types[1]` for IPv6) and the address.
+fn put_addr(out: &mut Vec<u8>, types: [u8; 2], addr: Addr) {
+    match u32::try_from(addr) {
+        Ok(v4) => {
+            out.push(types[0]);
+            out.extend_from_slice(&v4.to_le_bytes());
+        }
+        Err(_) => {
+            out.push(types[1]);
+            out.extend_from_slice(&addr.to_le_bytes());
+        }
+    }
+}
+
 /// Append one framed record to `out`.
 pub fn encode(out: &mut Vec<u8>, rec: &Record) {
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER]);
     match rec {
         Record::Alloc(a) => {
-            out.push(5);
-            out.extend_from_slice(&a.addr.to_le_bytes());
+            put_addr(out, [5, 8], a.addr);
             out.extend_from_slice(&a.allocated_at_ms.to_le_bytes());
             put_str(out, &a.pool);
             put_bytes(out, &a.data);
         }
         Record::Release(r) => {
-            out.push(6);
-            out.extend_from_slice(&r.addr.to_le_bytes());
+            put_addr(out, [6, 9], r.addr);
             out.extend_from_slice(&r.released_at_ms.to_le_bytes());
             put_bytes(out, &r.key);
             put_opt(out, r.teardown.as_deref());
         }
         Record::Cooling(c) => {
-            out.push(3);
-            out.extend_from_slice(&c.addr.to_le_bytes());
+            put_addr(out, [3, 10], c.addr);
             out.extend_from_slice(&c.released_at_ms.to_le_bytes());
             put_opt(out, c.teardown.as_deref());
         }
@@ -288,7 +308,7 @@ pub fn check_frame(buf: &[u8]) -> Result<usize, Frame> {
 
 /// A version-2 alloc payload (type 5), borrowed.
 pub struct AllocView<'a> {
-    pub addr: u32,
+    pub addr: Addr,
     pub allocated_at_ms: u64,
     pub pool: &'a str,
     pub data: &'a [u8],
@@ -298,12 +318,13 @@ pub struct AllocView<'a> {
 /// Parse a version-2 alloc payload without copying (loading 200,000 leases then costs one
 /// allocation each); `None` for any other record type, `Some(Err)` when it is malformed.
 pub fn view_alloc(p: &[u8]) -> Option<Result<AllocView<'_>, String>> {
-    if p.first() != Some(&5) {
+    let t = *p.first()?;
+    if t != 5 && t != 8 {
         return None;
     }
     let mut c = Cursor(&p[1..]);
     Some((|| {
-        let addr = c.u32()?;
+        let addr = c.addr(t == 8)?;
         let allocated_at_ms = c.u64()?;
         let pool =
             std::str::from_utf8(c.bytes()?).map_err(|_| "record string is not UTF-8".to_owned())?;
@@ -325,12 +346,13 @@ pub fn view_alloc(p: &[u8]) -> Option<Result<AllocView<'_>, String>> {
 
 /// Address and encoded key of a version-2 alloc payload (type 5), without copying; `None`
 /// for any other record or a malformed one.
-pub fn peek_alloc(p: &[u8]) -> Option<(u32, &[u8])> {
+pub fn peek_alloc(p: &[u8]) -> Option<(Addr, &[u8])> {
     let mut c = Cursor(p);
-    if c.u8().ok()? != 5 {
+    let t = c.u8().ok()?;
+    if t != 5 && t != 8 {
         return None;
     }
-    let addr = c.u32().ok()?;
+    let addr = c.addr(t == 8).ok()?;
     c.u64().ok()?;
     let pool_len = u16::from_le_bytes(c.take(2).ok()?.try_into().ok()?) as usize;
     c.take(pool_len).ok()?;
@@ -344,12 +366,13 @@ pub fn peek_alloc(p: &[u8]) -> Option<(u32, &[u8])> {
 
 /// A version-2 release payload (type 6) without copying: (address, release time, encoded key,
 /// link to tear down); `None` for any other record or a malformed one.
-pub fn peek_release(p: &[u8]) -> Option<(u32, u64, &[u8], Option<&str>)> {
+pub fn peek_release(p: &[u8]) -> Option<(Addr, u64, &[u8], Option<&str>)> {
     let mut c = Cursor(p);
-    if c.u8().ok()? != 6 {
+    let t = c.u8().ok()?;
+    if t != 6 && t != 9 {
         return None;
     }
-    let addr = c.u32().ok()?;
+    let addr = c.addr(t == 9).ok()?;
     let at = c.u64().ok()?;
     let key = c.bytes().ok()?;
     let teardown = match c.u8().ok()? {
@@ -382,6 +405,17 @@ impl<'a> Cursor<'a> {
     }
     fn u64(&mut self) -> Result<u64, String> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    /// An IPv4 address (4 bytes) or, with `v6`, an IPv6 one (16 bytes, never below 2^32).
+    fn addr(&mut self, v6: bool) -> Result<Addr, String> {
+        if !v6 {
+            return Ok(Addr::from(self.u32()?));
+        }
+        let a = u128::from_le_bytes(self.take(16)?.try_into().expect("16"));
+        if a < V6_START {
+            return Err(format!("IPv6 record with the reserved address {a}"));
+        }
+        Ok(a)
     }
     fn str(&mut self) -> Result<Box<str>, String> {
         let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2")) as usize;
@@ -417,8 +451,8 @@ fn v1_key(packed: &str) -> Result<AttachmentKey, String> {
 pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(p);
     let rec = match c.u8()? {
-        5 => {
-            let addr = c.u32()?;
+        t @ (5 | 8) => {
+            let addr = c.addr(t == 8)?;
             let allocated_at_ms = c.u64()?;
             let pool = c.str()?;
             let data = c.bytes()?;
@@ -432,15 +466,15 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
                 pool,
             })
         }
-        6 => {
-            let addr = c.u32()?;
+        t @ (6 | 9) => {
+            let addr = c.addr(t == 9)?;
             let released_at_ms = c.u64()?;
             let key = c.bytes()?;
             let teardown = c.opt()?;
             release_rec(key, addr, released_at_ms, teardown)?
         }
         1 => {
-            let addr = c.u32()?;
+            let addr = Addr::from(c.u32()?);
             let allocated_at_ms = c.u64()?;
             let present = c.u8()?;
             let key = v1_key(&c.str()?)?;
@@ -479,14 +513,14 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
             })
         }
         2 => {
-            let addr = c.u32()?;
+            let addr = Addr::from(c.u32()?);
             let released_at_ms = c.u64()?;
             let key = crate::lease::encode_key(&v1_key(&c.str()?)?);
             let teardown = c.opt()?;
             release_rec(&key, addr, released_at_ms, teardown)?
         }
-        3 => {
-            let addr = c.u32()?;
+        t @ (3 | 10) => {
+            let addr = c.addr(t == 10)?;
             let released_at_ms = c.u64()?;
             let teardown = c.opt()?;
             check_link(teardown.as_deref())?;
@@ -512,7 +546,7 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
 /// A release record, once its key and teardown link are valid.
 fn release_rec(
     key: &[u8],
-    addr: u32,
+    addr: Addr,
     released_at_ms: u64,
     teardown: Option<Box<str>>,
 ) -> Result<Record, String> {

@@ -1,0 +1,201 @@
+//! An IPv6 pool: free addresses kept as intervals, so a /64 costs what its leases cost.
+//!
+//! An IPv4 pool has a slot per address (a bitmap and a state byte); a delegated IPv6 prefix
+//! has up to 2^64 addresses and is never enumerated. Its free addresses are a set of disjoint
+//! intervals, first the configured ranges minus exclusions; an allocation splits an interval,
+//! an address whose cooldown ended is merged back. Memory is bounded by the leased and cooling
+//! addresses (each can split one interval), every operation is O(log n), and a restart lays
+//! the loaded leases and cooling addresses over the ranges in O(n log n) without a scan of the
+//! prefix. Addresses are handed out round-robin from a moving start, as IPv4 slots are, so a
+//! released address is reused as late as possible.
+
+use std::{
+    collections::{BTreeMap, HashSet, VecDeque},
+    fmt::Write as _,
+    net::Ipv6Addr,
+    time::Duration,
+};
+
+use crate::config::PoolSpec;
+
+pub(super) struct Pool6 {
+    pub(super) spec: PoolSpec,
+    /// Free, reusable addresses: first -> last of disjoint, non-adjacent intervals.
+    free: BTreeMap<u128, u128>,
+    /// Addresses in `free` (saturating).
+    free_count: u128,
+    /// Where the search for the next address starts.
+    next: u128,
+    /// (address, release time in ms), oldest first.
+    pub(super) cooling: VecDeque<(u128, u64)>,
+    /// Cooldown over, but a host link that routed the address is still being deleted.
+    pub(super) held: HashSet<u128>,
+    pub(super) leased: usize,
+}
+
+impl Pool6 {
+    pub(super) fn new(spec: PoolSpec) -> Self {
+        let free: BTreeMap<u128, u128> = spec.ranges6.iter().map(|r| (r.first, r.last)).collect();
+        let free_count = spec
+            .ranges6
+            .iter()
+            .fold(0u128, |n, r| n.saturating_add(r.len()));
+        let next = spec.ranges6.first().map_or(0, |r| r.first);
+        Self {
+            spec,
+            free,
+            free_count,
+            next,
+            cooling: VecDeque::new(),
+            held: HashSet::new(),
+            leased: 0,
+        }
+    }
+
+    /// Whether `addr` is one of the pool's usable addresses (exclusions are not).
+    pub(super) fn contains(&self, addr: u128) -> bool {
+        let r = &self.spec.ranges6;
+        let i = r.partition_point(|r| r.first <= addr);
+        i > 0 && addr <= r[i - 1].last
+    }
+
+    /// The interval of `free` holding `addr`, if any.
+    fn interval_of(&self, addr: u128) -> Option<(u128, u128)> {
+        let (&first, &last) = self.free.range(..=addr).next_back()?;
+        (addr <= last).then_some((first, last))
+    }
+
+    /// Take the next free address at or after the moving start, wrapping around.
+    pub(super) fn take_next(&mut self) -> Option<u128> {
+        let addr = match self.interval_of(self.next) {
+            Some(_) => self.next,
+            None => match self.free.range(self.next..).next() {
+                Some((&first, _)) => first,
+                None => *self.free.keys().next()?,
+            },
+        };
+        self.take(addr);
+        self.next = addr.wrapping_add(1);
+        Some(addr)
+    }
+
+    /// Remove `addr` from the free set; false if it was not free.
+    pub(super) fn take(&mut self, addr: u128) -> bool {
+        let Some((first, last)) = self.interval_of(addr) else {
+            return false;
+        };
+        self.free.remove(&first);
+        if first < addr {
+            self.free.insert(first, addr - 1);
+        }
+        if addr < last {
+            self.free.insert(addr + 1, last);
+        }
+        self.free_count -= 1;
+        true
+    }
+
+    /// Put `addr` (not free) back into the free set, merging it with its neighbours.
+    pub(super) fn put(&mut self, addr: u128) {
+        debug_assert!(self.interval_of(addr).is_none(), "{addr} is already free");
+        let mut first = addr;
+        let mut last = addr;
+        if let Some(prev) = addr.checked_sub(1) {
+            if let Some((f, _)) = self.interval_of(prev) {
+                self.free.remove(&f);
+                first = f;
+            }
+        }
+        if let Some(succ) = addr.checked_add(1) {
+            if let Some(l) = self.free.remove(&succ) {
+                last = l;
+            }
+        }
+        self.free.insert(first, last);
+        self.free_count += 1;
+    }
+
+    pub(super) fn is_free(&self, addr: u128) -> bool {
+        self.interval_of(addr).is_some()
+    }
+
+    /// Start the round-robin search after `addr` (restart: after the newest known address).
+    pub(super) fn start_after(&mut self, addr: u128) {
+        self.next = self.next.max(addr.wrapping_add(1));
+    }
+
+    /// Insert a cooling entry at its place in time.
+    pub(super) fn push_cooling(&mut self, addr: u128, at: u64) {
+        if self.cooling.back().is_none_or(|(_, t)| *t <= at) {
+            self.cooling.push_back((addr, at));
+        } else {
+            let pos = self.cooling.partition_point(|(_, t)| *t <= at);
+            self.cooling.insert(pos, (addr, at));
+        }
+    }
+
+    /// Free addresses, saturating at `u64::MAX`.
+    pub(super) fn free_count(&self) -> u64 {
+        u64::try_from(self.free_count).unwrap_or(u64::MAX)
+    }
+
+    /// Intervals the free set is split into (memory accounting in tests).
+    #[cfg(test)]
+    pub(super) fn fragments(&self) -> usize {
+        self.free.len()
+    }
+
+    pub(super) fn cooling_count(&self) -> usize {
+        self.cooling.len() + self.held.len()
+    }
+
+    pub(super) fn usage(&self, cooldown: Duration, now_ms: u64) -> String {
+        let mut s = format!(
+            "pool '{}' ({}, {} addresses) has no free address: {} allocated, {} cooling",
+            self.spec.name,
+            self.spec.description,
+            self.spec.size,
+            self.leased,
+            self.cooling_count()
+        );
+        if let Some((_, t)) = self.cooling.front() {
+            let free_at = t.saturating_add(cooldown.as_millis() as u64);
+            let _ = write!(
+                s,
+                " (the next is reusable in {}s)",
+                free_at.saturating_sub(now_ms).div_ceil(1000)
+            );
+        }
+        if !self.held.is_empty() {
+            let _ = write!(
+                s,
+                ", {} waiting for their old host veth to go",
+                self.held.len()
+            );
+        }
+        s
+    }
+
+    /// Check the free set against the pool's ranges (tests).
+    pub(super) fn check(&self) {
+        let mut n = 0u128;
+        let mut prev: Option<u128> = None;
+        for (&f, &l) in &self.free {
+            assert!(f <= l);
+            assert!(
+                self.contains(f) && self.contains(l),
+                "{}",
+                Ipv6Addr::from(f)
+            );
+            if let Some(p) = prev {
+                assert!(
+                    p.checked_add(1).is_some_and(|s| s < f),
+                    "adjacent intervals"
+                );
+            }
+            prev = Some(l);
+            n = n.saturating_add(l - f + 1);
+        }
+        assert_eq!(n, self.free_count);
+    }
+}
