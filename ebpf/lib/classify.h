@@ -24,23 +24,24 @@ static __always_inline __u32 classify(const struct an_config *cfg, __u32 remote)
 	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
 }
 
-/*
- * IPv6 by its own trie (an_prefixes6). Link-local (fe80::/10) and multicast (ff00::/8)
- * remotes are class "other", as ARP is for IPv4: neighbour discovery and MLD with the
- * pod's gateway are neither internal nor internet traffic, and are never blocked or shaped
- * as either.
- */
+/* A link-local (fe80::/10), multicast (ff00::/8) or the unspecified IPv6 address. */
+static __always_inline int link_scope6(const __u32 *a)
+{
+	__u32 first = bpf_ntohl(a[0]);
+
+	return (first >> 22) == (0xfe80 >> 6) || (first >> 24) == 0xff ||
+	       !(a[0] | a[1] | a[2] | a[3]);
+}
+
+/* IPv6 by its own trie (an_prefixes6). */
 static __always_inline __u32 classify6(const struct an_config *cfg, const __u32 *remote)
 {
-	__u32 first = bpf_ntohl(remote[0]);
 	struct an_lpm6_key key = {
 		.prefixlen = 32 + 128,
 		.gen = cfg ? cfg->active_gen : 0,
 	};
 	struct an_lpm_value *v;
 
-	if ((first >> 22) == (0xfe80 >> 6) || (first >> 24) == 0xff)
-		return AN_CLASS_OTHER;
 	key.addr[0] = remote[0];
 	key.addr[1] = remote[1];
 	key.addr[2] = remote[2];
@@ -51,12 +52,21 @@ static __always_inline __u32 classify6(const struct an_config *cfg, const __u32 
 	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
 }
 
-/* The class of the packet's remote address, `dst` or its source, in its family. */
+/*
+ * The class of the packet's remote address, `dst` or its source, in its family. An IPv6
+ * packet with a link-local, multicast or unspecified address at either end is class
+ * "other", as ARP is for IPv4: neighbour discovery, DAD and MLD between the pod and its
+ * gateway are neither internal nor internet traffic, and are never blocked or shaped as
+ * either.
+ */
 static __always_inline __u32 classify_pkt(const struct an_config *cfg, const struct an_pkt *p,
 					  int dst)
 {
-	if (p->v6)
+	if (p->v6) {
+		if (link_scope6(p->saddr6) || link_scope6(p->daddr6))
+			return AN_CLASS_OTHER;
 		return classify6(cfg, dst ? p->daddr6 : p->saddr6);
+	}
 	return classify(cfg, dst ? p->daddr : p->saddr);
 }
 

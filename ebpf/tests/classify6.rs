@@ -184,9 +184,21 @@ fn forged_ipv6_sources_are_dropped_and_neighbour_discovery_passes() {
             (&ns_global, TC_ACT_UNSPEC),
         ],
     );
-    // The gateway's NDP to the pod passes too (no source check towards the pod).
+    // The gateway's NDP to the pod passes too (no source check towards the pod), also the
+    // node's own DAD from the unspecified address, and an NS from a global source to the
+    // pod's solicited-node group: all link-scoped, class other.
     let gw_ns = neighbour_solicitation(GATEWAY_LL, ip6("ff02::1:ff00:5"), POD_LL);
-    f.expect_verdicts(programs::HOST_EGRESS, &[(&gw_ns, TC_ACT_UNSPEC)]);
+    let node_dad = neighbour_solicitation(ip6("::"), ip6("ff02::1:ff00:1"), GATEWAY_LL);
+    let global_ns = neighbour_solicitation(ip6("fd00:100::1"), ip6("ff02::1:ff00:5"), POD_IP6);
+    f.expect_verdicts(
+        programs::HOST_EGRESS,
+        &[
+            (&gw_ns, TC_ACT_UNSPEC),
+            (&node_dad, TC_ACT_UNSPEC),
+            (&global_ns, TC_ACT_UNSPEC),
+        ],
+    );
+    let to_pod = gw_ns.len() + node_dad.len() + global_ns.len();
     let ndp = ns_multicast.len() + ns_unicast.len() + na.len() + dad.len() + ns_global.len();
     let c_ = f.counters();
     assert_eq!(
@@ -201,7 +213,7 @@ fn forged_ipv6_sources_are_dropped_and_neighbour_discovery_passes() {
                 (Egress, Internet, c(1, own.len())),
                 // Link-scoped traffic is "other", as ARP is.
                 (Egress, Other, c(5, ndp)),
-                (Ingress, Other, c(1, gw_ns.len())),
+                (Ingress, Other, c(3, to_pod)),
             ])
         }
     );
