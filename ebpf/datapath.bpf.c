@@ -187,12 +187,17 @@ int an_pod_egress(struct __sk_buff *skb)
 	struct an_flow *f;
 	__u64 now, irate, erate, rate, ti, te, frame;
 	int internet, sparse;
+	__u32 class;
 
-	if (!parse(skb, &p)) {
+	/*
+	 * What is neither IPv4 nor IPv6, and link-scoped IPv6 (class other: NDP, MLD), is not
+	 * modelled, as ARP is not.
+	 */
+	if (!parse(skb, &p) || (class = classify_pkt(cfg, &p, 1)) == AN_CLASS_OTHER) {
 		skb->priority = AN_CLASSID_POD_OTHER + AN_LEAF_BULK;
 		return TC_ACT_UNSPEC;
 	}
-	internet = classify_pkt(cfg, &p, 1) == AN_CLASS_INTERNET;
+	internet = class == AN_CLASS_INTERNET;
 	base = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
 	skb->priority = base + AN_LEAF_BULK;
 	/*
