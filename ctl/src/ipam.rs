@@ -61,6 +61,7 @@ pub fn run(g: &Global, o: &Options) -> anyhow::Result<i32> {
     let mut s = String::from("POOLS\n");
     let mut t = Table::new(&[
         "POOL",
+        "FAMILY",
         "SOURCE",
         "TOTAL>",
         "ALLOCATED>",
@@ -91,6 +92,7 @@ pub fn run(g: &Global, o: &Options) -> anyhow::Result<i32> {
         );
         t.row(vec![
             p.name.clone(),
+            p.family.to_string(),
             p.source.clone(),
             p.total.to_string(),
             p.allocated.to_string(),

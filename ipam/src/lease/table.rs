@@ -72,7 +72,10 @@ pub struct LeaseTable {
     slab: Slab,
     vacant: Vec<u32>,
     index: HashTable<u32>,
-    by_addr: BTreeMap<Addr, u32>,
+    /// IPv4 addresses keyed by their 32 bits: half the node size of a `u128`-keyed tree, so
+    /// an IPv4 node's table costs what it did before IPv6 existed.
+    by_addr4: BTreeMap<u32, u32>,
+    by_addr6: BTreeMap<Addr, u32>,
     hasher: Hasher,
 }
 
@@ -85,11 +88,11 @@ impl LeaseTable {
     }
 
     pub fn len(&self) -> usize {
-        self.by_addr.len()
+        self.by_addr4.len() + self.by_addr6.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_addr.is_empty()
+        self.by_addr4.is_empty() && self.by_addr6.is_empty()
     }
 
     fn hash(&self, key: &[u8]) -> u64 {
@@ -130,7 +133,10 @@ impl LeaseTable {
     }
 
     pub fn by_addr(&self, addr: Addr) -> Option<u32> {
-        self.by_addr.get(&addr).copied()
+        match u32::try_from(addr) {
+            Ok(a) => self.by_addr4.get(&a).copied(),
+            Err(_) => self.by_addr6.get(&addr).copied(),
+        }
     }
 
     pub fn insert(&mut self, e: LeaseEntry) -> Result<u32, InsertError> {
@@ -150,11 +156,20 @@ impl LeaseTable {
             hashbrown::hash_table::Entry::Occupied(o) => return Err(InsertError::Key(*o.get())),
             hashbrown::hash_table::Entry::Vacant(v) => v,
         };
-        let addr_slot = match self.by_addr.entry(e.addr) {
-            std::collections::btree_map::Entry::Occupied(o) => {
-                return Err(InsertError::Addr(*o.get()))
-            }
-            std::collections::btree_map::Entry::Vacant(v) => v,
+        use std::collections::btree_map::Entry;
+        enum Slot<'m> {
+            V4(std::collections::btree_map::VacantEntry<'m, u32, u32>),
+            V6(std::collections::btree_map::VacantEntry<'m, Addr, u32>),
+        }
+        let addr_slot = match u32::try_from(e.addr) {
+            Ok(a) => match self.by_addr4.entry(a) {
+                Entry::Occupied(o) => return Err(InsertError::Addr(*o.get())),
+                Entry::Vacant(v) => Slot::V4(v),
+            },
+            Err(_) => match self.by_addr6.entry(e.addr) {
+                Entry::Occupied(o) => return Err(InsertError::Addr(*o.get())),
+                Entry::Vacant(v) => Slot::V6(v),
+            },
         };
         let id = match self.vacant.pop() {
             Some(id) => {
@@ -164,7 +179,10 @@ impl LeaseTable {
             None => self.slab.push(e),
         };
         key_slot.insert(id);
-        addr_slot.insert(id);
+        match addr_slot {
+            Slot::V4(v) => v.insert(id),
+            Slot::V6(v) => v.insert(id),
+        };
         Ok(id)
     }
 
@@ -174,7 +192,10 @@ impl LeaseTable {
         if let Ok(o) = self.index.find_entry(h, |&i| i == id) {
             o.remove();
         }
-        self.by_addr.remove(&e.addr);
+        match u32::try_from(e.addr) {
+            Ok(a) => self.by_addr4.remove(&a),
+            Err(_) => self.by_addr6.remove(&e.addr),
+        };
         self.vacant.push(id);
         e
     }
@@ -187,10 +208,15 @@ impl LeaseTable {
     /// (address, id) of leases with an address above `after` (all when `None`), ascending.
     pub fn after_addr(&self, after: Option<Addr>) -> impl Iterator<Item = (Addr, u32)> + '_ {
         use std::ops::Bound::{Excluded, Unbounded};
-        let range = match after {
-            None => self.by_addr.range(..),
-            Some(a) => self.by_addr.range((Excluded(a), Unbounded)),
+        // IPv4 first, then IPv6.
+        let (v4, v6) = match after.map(|a| (a, u32::try_from(a))) {
+            None => ((Unbounded, Unbounded), (Unbounded, Unbounded)),
+            Some((_, Ok(a))) => ((Excluded(a), Unbounded), (Unbounded, Unbounded)),
+            Some((a, Err(_))) => ((Excluded(u32::MAX), Unbounded), (Excluded(a), Unbounded)),
         };
-        range.map(|(a, i)| (*a, *i))
+        self.by_addr4
+            .range(v4)
+            .map(|(a, i)| (Addr::from(*a), *i))
+            .chain(self.by_addr6.range(v6).map(|(a, i)| (*a, *i)))
     }
 }
