@@ -21,6 +21,7 @@
 source "$(dirname "$0")/lib.sh"
 
 POD_RANGE=10.235.0.0/29
+POD_RANGE6=fd00:235::/125
 SANDBOX_IMAGE=registry.k8s.io/pause:3.6
 # Debian's python3 (python3-grpcio), not whatever python3 comes first in PATH.
 CRI_PY=/usr/bin/python3
@@ -29,11 +30,12 @@ INGRESS=10000000 # kubernetes.io/ingress-bandwidth: 10M
 EGRESS=20000000  # kubernetes.io/egress-bandwidth: 20M
 INET_EGRESS=15000000 # aliasnet.io/internet-egress-bandwidth: 15M
 
-# cri_env MTU: a node whose uplink (and the whole fabric) has MTU, aliasnet installed by
+# cri_env MTU [dual]: a node whose uplink (and the whole fabric) has MTU, aliasnet installed by
 # install.sh, ipamd and the datapath up, containerd with the CRI plugin serving on $CRI_SOCK with
-# the sandbox image imported. Sets S, NODE, INET, SOCK, CG.
+# the sandbox image imported. Sets S, NODE, INET, SOCK, CG. With "dual" the fabric also carries
+# IPv6 and the node has an IPv6 pool (POD_RANGE6) next to the IPv4 one.
 cri_env() {
-  local mtu=$1
+  local mtu=$1 stack=${2:-ipv4}
   need_bins aliasnet aliasnet-ipamd
   [[ $(id -u) == 0 ]] || fail "needs root (network and mount namespaces)"
   local c
@@ -54,6 +56,7 @@ cri_env() {
   INET=ancri-i-$RT_ID
   CG=aliasnet-cri-$RT_ID
   make_fabric "$NODE" "ancri-r-$RT_ID" "$INET" "$POD_RANGE" "$mtu"
+  [[ $stack == dual ]] && add_fabric_ipv6 "$NODE" "ancri-r-$RT_ID" "$INET" "$POD_RANGE6"
   start_mount_ns
   CONTAINERD_PID=
   CRI_SOCK=$S/containerd/containerd.sock
@@ -69,6 +72,8 @@ cri_env() {
     -e 's|^cooldown = .*|cooldown = "0"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
   cp "$REPO/install/etc/shaper.toml" "$S/src/"
   printf '[[pool]]\nname = "pods"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE" >"$S/etc/node-pools.toml"
+  [[ $stack == dual ]] &&
+    printf '\n[[pool]]\nname = "pods6"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE6" >>"$S/etc/node-pools.toml"
   "$REPO/install/install.sh" --bin-dir "$BIN_DIR" --config-src "$S/src" --cni-bin-dir "$S/cni/bin" \
     --cni-conf-dir "$S/cni/net.d" --config-dir "$S/etc" --state-dir "$S/state" --log-dir "$S/log" 2>"$S/install.log" ||
     fail "install.sh: $(cat "$S/install.log")"
@@ -162,8 +167,9 @@ in_net() {
 }
 
 # run_pod NAME [ANNOTATION=VALUE...]: RunPodSandbox as the kubelet sends it; sets POD_ID[NAME],
-# POD_IP[NAME], POD_NS[NAME] (the netns path, from the verbose PodSandboxStatus).
-declare -A POD_ID POD_IP POD_NS
+# POD_IP[NAME], POD_IP6[NAME] (the second family's address, empty for an IPv4-only pod),
+# POD_NS[NAME] (the netns path, from the verbose PodSandboxStatus).
+declare -A POD_ID POD_IP POD_IP6 POD_NS
 run_pod() {
   local name=$1 a id st
   shift
@@ -174,11 +180,12 @@ run_pod() {
   st=$(cri inspectp "$id") || fail "PodSandboxStatus $name"
   POD_ID[$name]=$id
   POD_IP[$name]=$(jq -r .ip <<<"$st")
+  POD_IP6[$name]=$(jq -r '.additional_ips[0] // ""' <<<"$st")
   POD_NS[$name]=$(jq -r '.info.info.runtimeSpec.linux.namespaces[] | select(.type == "network") | .path' <<<"$st")
   assert_eq "$(jq -r .state <<<"$st")" SANDBOX_READY "state of $name"
   [[ ${POD_NS[$name]} == /var/run/netns/cni-* ]] || fail "$name: unexpected netns path '${POD_NS[$name]}'"
   leases "$SOCK" | grep -qx "${POD_IP[$name]} aliasnet/$id/eth0" || fail "no lease for $name (${POD_IP[$name]}): $(leases "$SOCK")"
-  log "$name: ${POD_IP[$name]} ${POD_NS[$name]}"
+  log "$name: ${POD_IP[$name]} ${POD_IP6[$name]} ${POD_NS[$name]}"
 }
 
 # pod_mtu NAME: the MTU of the pod's eth0 (netlink: /sys shows the netns that mounted it).
@@ -323,6 +330,40 @@ cri_bandwidth() {
   done
   assert_clean
   ((${#failed[@]} == 0)) || fail "MTU $mtu: ${#failed[@]} cell(s) out of bounds: $(printf '%s; ' "${failed[@]}")"
+}
+
+# The shipped conflist on a dual-stack node through the CRI: the sandbox status has the IPv4
+# address and the IPv6 one (additional_ips), the pods reach each other and the internet over
+# IPv6, their IPv6 traffic is counted and shaped, and the kubelet's Stop, Stop, Remove release
+# both families.
+test_cri_dual_stack_pods() {
+  cri_env 9000 dual
+  run_pod a kubernetes.io/ingress-bandwidth=10M
+  run_pod b
+  local p a6=${POD_IP6[a]} b6=${POD_IP6[b]}
+  python3 -c "import ipaddress, sys; n = ipaddress.ip_network('$POD_RANGE6')
+sys.exit(0 if all(a and ipaddress.ip_address(a) in n for a in ('$a6', '$b6')) and '$a6' != '$b6' else 1)" ||
+    fail "IPv6 addresses '$a6' '$b6' (additional_ips) not distinct addresses of $POD_RANGE6"
+  leases "$SOCK" | grep -qx "$a6 aliasnet/${POD_ID[a]}/eth0" || fail "no IPv6 lease for a: $(leases "$SOCK")"
+  in_net "${POD_NS[a]}" ping -6 -c 2 -W 2 "$b6" >/dev/null || fail "a cannot ping b over IPv6"
+  in_net "${POD_NS[b]}" ping -6 -c 2 -W 2 2001:db8::10 >/dev/null || fail "b cannot ping the internet host over IPv6"
+  in_net "$INET" ping -6 -c 2 -W 2 "$a6" >/dev/null || fail "the internet host cannot reach a over IPv6"
+  in_net "${POD_NS[a]}" ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "a cannot ping the internet host over IPv4"
+  local inet
+  inet=$(pods_json | jq --arg id "${POD_ID[b]}" '.[] | select(.container_id == $id) | .egress.internet.packets')
+  ((inet >= 2)) || fail "b's 2 IPv6 pings to the internet host counted as $inet internet packets"
+  # The annotated ingress limit shapes IPv6 TCP as it does IPv4.
+  local row
+  row=$(iperf_cell 1 "ipv6 ingress internet->a" "$INET" "${POD_NS[a]}" "$a6" "$INGRESS" limit) ||
+    fail "IPv6 ingress limit: $row"
+  log "$row"
+  for p in a b; do
+    cri stopp "${POD_ID[$p]}" || fail "StopPodSandbox $p"
+    if leases "$SOCK" | grep -q "/${POD_ID[$p]}/"; then fail "the first StopPodSandbox of $p kept a lease"; fi
+    cri stopp "${POD_ID[$p]}" || fail "second StopPodSandbox $p"
+    cri rmp "${POD_ID[$p]}" || fail "RemovePodSandbox $p"
+  done
+  assert_clean
 }
 
 test_cri_bandwidth_mtu1500() { cri_bandwidth 1500; }

@@ -238,7 +238,9 @@ def main():
         # -> PodSandboxStatusResponse: status 1, info 2 (map; containerd puts JSON under "info")
         m = c.call("PodSandboxStatus", f_str(1, a.id) + f_bool(2, True))
         st = parse(one(m, 1, b""))
-        # PodSandboxStatus: id 1, metadata 2, state 3, network 5 (PodSandboxNetworkStatus: ip 1)
+        # PodSandboxStatus: id 1, metadata 2, state 3, network 5 (PodSandboxNetworkStatus: ip 1,
+        # additional_ips 2 = repeated PodIP: ip 1; a dual-stack pod's second family is there)
+        net = parse(one(st, 5, b""))
         info = as_map(m, 2)
         for k, v in info.items():
             try:
@@ -247,7 +249,8 @@ def main():
                 pass
         out = {"id": text(st, 1), **decode_metadata(one(st, 2, b"")),
                "state": STATES.get(one(st, 3, 0), str(one(st, 3, 0))),
-               "ip": text(parse(one(st, 5, b"")), 1), "info": info}
+               "ip": text(net, 1), "additional_ips": [text(parse(x), 1) for x in net.get(2, [])],
+               "info": info}
         print(json.dumps(out))
     elif a.cmd == "pods":
         # ListPodSandboxRequest {} -> ListPodSandboxResponse: items 1

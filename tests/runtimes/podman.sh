@@ -16,16 +16,20 @@
 source "$(dirname "$0")/lib.sh"
 
 POD_RANGE=10.233.0.0/29
+POD_RANGE6=fd00:233::/125
 
-# podman_env: a node with aliasnet installed (by install.sh) and ipamd running; sets S, NODE,
-# CG (the cgroup parent of the containers) and the podman wrapper `pm`.
+# podman_env [dual]: a node with aliasnet installed (by install.sh) and ipamd running; sets S,
+# NODE, CG (the cgroup parent of the containers) and the podman wrapper `pm`. With "dual" the
+# fabric also carries IPv6 and the node has an IPv6 pool (POD_RANGE6) next to the IPv4 one.
 podman_env() {
+  local stack=${1:-ipv4}
   need_bins aliasnet aliasnet-ipamd
   command -v podman >/dev/null || skip "podman not installed (apt-get install podman runc conmon busybox-static)"
   [[ -x /bin/busybox ]] || skip "busybox-static not installed"
   S=$SCRATCH
   NODE=anp-n-$RT_ID
   make_fabric "$NODE" "anp-r-$RT_ID" "anp-i-$RT_ID" "$POD_RANGE"
+  [[ $stack == dual ]] && add_fabric_ipv6 "$NODE" "anp-r-$RT_ID" "anp-i-$RT_ID" "$POD_RANGE6"
 
   # aliasnet, installed the way the DaemonSet does it, into scratch directories.
   mkdir -p "$S"/{src,cni/bin,cni/net.d,etc,state/spool,run,log}
@@ -38,6 +42,8 @@ podman_env() {
     -e 's|^cooldown = .*|cooldown = "0"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
   cp "$REPO/install/etc/shaper.toml" "$S/src/"
   printf '[[pool]]\nname = "pods"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE" >"$S/etc/node-pools.toml"
+  [[ $stack == dual ]] &&
+    printf '\n[[pool]]\nname = "pods6"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE6" >>"$S/etc/node-pools.toml"
   "$REPO/install/install.sh" --bin-dir "$BIN_DIR" --config-src "$S/src" --cni-bin-dir "$S/cni/bin" \
     --cni-conf-dir "$S/cni/net.d" --config-dir "$S/etc" --state-dir "$S/state" --log-dir "$S/log" 2>"$S/install.log" ||
     fail "install.sh: $(cat "$S/install.log")"
@@ -101,6 +107,7 @@ run_ctr() {
   pm run -d --name "$name" --cgroup-parent "$CG" --cap-add NET_RAW "$@" localhost/busybox sleep 600
 }
 ctr_ip() { pm exec "$1" ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1; }
+ctr_ip6() { pm exec "$1" ip -6 -o addr show eth0 scope global | awk '{print $4}' | cut -d/ -f1; }
 ctr_id() { pm inspect -f '{{.Id}}' "$1"; }
 
 # wait_no_lease CID: podman tears down asynchronously (conmon runs `podman container cleanup`).
@@ -170,6 +177,54 @@ sys.exit(0 if all(ipaddress.ip_address(a) in n for a in ('$ip1', '$ip2')) and '$
   leases "$SOCK" | grep -q "/$id2/" || fail "stopping c1 released c2's lease"
   pm exec c2 ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "c2 lost connectivity when c1 stopped"
   # podman rm -f of a running container.
+  pm rm -f -t 0 c2 >/dev/null
+  wait_no_lease "$id2"
+  pm rm c1 >/dev/null
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") ]] && break; sleep 0.1; done
+  assert_clean
+}
+
+# The shipped conflist on a dual-stack node: each container gets an IPv4 and an IPv6 address
+# (podman reads both from the result), reaches the other and the internet over IPv6, and stop
+# and rm release both leases and both host routes.
+test_podman_dual_stack_containers() {
+  podman_env dual
+  run_ctr c1 >/dev/null || fail "podman run c1: $(tail -n 20 "$S/log/cni.log")"
+  run_ctr c2 >/dev/null || fail "podman run c2"
+  local ip1 ip2 a1 a2 id1 id2
+  ip1=$(ctr_ip c1)
+  ip2=$(ctr_ip c2)
+  a1=$(ctr_ip6 c1)
+  a2=$(ctr_ip6 c2)
+  id1=$(ctr_id c1)
+  id2=$(ctr_id c2)
+  log "c1 $ip1 $a1, c2 $ip2 $a2"
+  python3 -c "import ipaddress, sys; n = ipaddress.ip_network('$POD_RANGE6')
+sys.exit(0 if all(a and ipaddress.ip_address(a) in n for a in ('$a1', '$a2')) and '$a1' != '$a2' else 1)" ||
+    fail "IPv6 addresses '$a1' '$a2' not distinct addresses of $POD_RANGE6"
+  [[ -n $ip1 && -n $ip2 ]] || fail "no IPv4 address next to the IPv6 one"
+  leases "$SOCK" | grep -qx "$a1 aliasnet/$id1/eth0" || fail "no IPv6 lease for c1: $(leases "$SOCK")"
+  leases "$SOCK" | grep -qx "$ip1 aliasnet/$id1/eth0" || fail "no IPv4 lease for c1: $(leases "$SOCK")"
+  pm inspect -f '{{.NetworkSettings.GlobalIPv6Address}}' c1 | grep -qx "$a1" ||
+    fail "podman does not report c1's IPv6 address: $(pm inspect -f '{{json .NetworkSettings}}' c1)"
+  pm exec c1 ip -6 -o addr show eth0 | grep -q "$a1/128" || fail "c1 eth0 IPv6 is not a /128"
+  pm exec c1 ip -6 route | grep -q '^default via fe80::1' || fail "c1 has no IPv6 default via fe80::1"
+  pm exec c1 ping -6 -c 2 -W 2 "$a2" >/dev/null || fail "c1 cannot ping c2 over IPv6"
+  pm exec c2 ping -6 -c 2 -W 2 "$a1" >/dev/null || fail "c2 cannot ping c1 over IPv6"
+  pm exec c1 ping -6 -c 2 -W 2 2001:db8::10 >/dev/null || fail "c1 cannot ping the internet host over IPv6"
+  pm exec c1 ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "c1 cannot ping the internet host over IPv4"
+  in_ns "anp-i-$RT_ID" ping -6 -c 1 -W 2 "$a2" >/dev/null || fail "the internet host cannot reach c2 over IPv6"
+  assert_eq "$(in_ns "$NODE" sysctl -n net.ipv6.conf.all.forwarding)" 1 "node IPv6 forwarding"
+  # The datapath knows both addresses and counts the IPv6 internet traffic.
+  attached_pods | grep -qx "$id1 $ip1,$a1" || fail "c1 not attached with both addresses: $(attached_pods)"
+  local inet
+  inet=$(pods_json | jq --arg id "$id1" '.[] | select(.container_id == $id) | .egress.internet.packets')
+  ((inet >= 4)) || fail "c1's 4 pings to the internet host counted as $inet internet packets"
+
+  pm stop -t 0 c1 >/dev/null
+  wait_no_lease "$id1"
+  ip -n "$NODE" -6 route show "$a1/128" | grep -q . && fail "route to $a1 left after stop"
+  pm exec c2 ping -6 -c 1 -W 2 2001:db8::10 >/dev/null || fail "c2 lost IPv6 connectivity when c1 stopped"
   pm rm -f -t 0 c2 >/dev/null
   wait_no_lease "$id2"
   pm rm c1 >/dev/null
