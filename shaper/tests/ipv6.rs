@@ -187,3 +187,26 @@ fn an_ingress_limit_shapes_an_ipv6_tcp_download() {
         "{got} bytes counted for {mbit:.2} Mbit/s over {SECS} s"
     );
 }
+
+#[test]
+fn an_internet_egress_limit_shapes_ipv6_uploads_and_not_internal_ones() {
+    require_root();
+    let (f, dp) = dual_stack(Limits {
+        internet_egress_rate: Some(10_000_000),
+        ..Limits::default()
+    });
+    let mbit = f.iperf("inet", INTERNET6, SECS, false);
+    eprintln!("pod -> internet over IPv6 (internet-egress limit 10 Mbit/s): {mbit:.2} Mbit/s");
+    assert!(
+        (9.0..=10.5).contains(&mbit),
+        "{mbit:.2} Mbit/s of IPv6 goodput, limit 10"
+    );
+    assert!(counter(&dp, Direction::Egress, Class::Internet).bytes > 4_000_000);
+    // fd00:100::2 is internal (fd00::/8): the internet limit does not apply.
+    let mbit = f.iperf("inet", INTERNAL6, SECS, false);
+    eprintln!("pod -> internal over IPv6: {mbit:.1} Mbit/s");
+    assert!(
+        mbit > 100.0,
+        "{mbit:.1} Mbit/s to an internal IPv6 address, looks shaped"
+    );
+}
