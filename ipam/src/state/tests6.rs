@@ -440,3 +440,91 @@ fn old_state_loads_and_ipv6_leases_survive_restart_and_compaction() {
     let kb = encode_key(&key("b"));
     assert_eq!(st3.leases.find_all(&kb).count(), 2);
 }
+
+mod model {
+    //! The interval free set against a plain set of addresses.
+
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::super::pool6::Pool6;
+    use super::config;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        TakeNext,
+        /// Put back the n-th taken address (modulo).
+        Put(usize),
+        /// Take a given offset from the prefix start, free or not.
+        Take(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => Just(Op::TakeNext),
+            2 => any::<usize>().prop_map(Op::Put),
+            1 => any::<u8>().prop_map(Op::Take),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn intervals_behave_like_a_set(ops in proptest::collection::vec(op(), 1..200)) {
+            // fd00::/123 (32 addresses) in two ranges, minus scattered exclusions.
+            let c = config(
+                "",
+                "[[pool]]\nname=\"m\"\nsource=\"static\"\n\
+                 cidrs=[\"fd00::100/124\", \"fd00::120/125\"]\nips=[\"fd00::12a\"]\n\
+                 exclude=[\"fd00::100\", \"fd00::107\", \"fd00::10f\", \"fd00::122\"]\n",
+            );
+            let spec = c.pools[0].clone();
+            let base: u128 = "fd00::100".parse::<std::net::Ipv6Addr>().unwrap().into();
+            let mut free: BTreeSet<u128> = spec
+                .ranges6
+                .iter()
+                .flat_map(|r| r.first..=r.last)
+                .collect();
+            let mut pool = Pool6::new(spec);
+            let mut taken: Vec<u128> = Vec::new();
+            let mut next = base;
+            for op in ops {
+                match op {
+                    Op::TakeNext => {
+                        let want = free
+                            .range(next..)
+                            .next()
+                            .or_else(|| free.iter().next())
+                            .copied();
+                        let got = pool.take_next();
+                        prop_assert_eq!(got, want);
+                        if let Some(a) = got {
+                            free.remove(&a);
+                            taken.push(a);
+                            next = a + 1;
+                        }
+                    }
+                    Op::Put(n) if !taken.is_empty() => {
+                        let a = taken.swap_remove(n % taken.len());
+                        pool.put(a);
+                        free.insert(a);
+                    }
+                    Op::Put(_) => {}
+                    Op::Take(off) => {
+                        let a = base + u128::from(off % 48);
+                        let was = free.remove(&a);
+                        prop_assert_eq!(pool.take(a), was);
+                        if was {
+                            taken.push(a);
+                        }
+                    }
+                }
+                pool.check();
+                prop_assert_eq!(pool.free_count(), free.len() as u64);
+                for a in base..base + 48 {
+                    prop_assert_eq!(pool.is_free(a), free.contains(&a), "{}", a - base);
+                }
+            }
+        }
+    }
+}
