@@ -238,7 +238,11 @@ async fn run(mut daemon: Daemon) -> Result<()> {
     let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut poll = tokio::time::interval(Duration::from_secs(daemon.args.poll_interval.max(1)));
+    // The policy was read just before: the first poll is one period away (an interval's
+    // first tick is immediate, which would reload a file changed since start without SIGHUP
+    // even with a long poll interval).
+    let poll_every = Duration::from_secs(daemon.args.poll_interval.max(1));
+    let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + poll_every, poll_every);
     let mut gc = tokio::time::interval(Duration::from_secs(daemon.args.gc_interval.max(1)));
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
