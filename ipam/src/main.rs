@@ -41,7 +41,7 @@ enum Command {
     /// Validate the config file and print what it defines; exit 1 if it is invalid.
     CheckConfig,
     /// Rebuild the state directory from the kernel after the state was lost or corrupted:
-    /// every host /32 route through one of our veths becomes a lease (the daemon must be
+    /// every host /32 and /128 route through one of our veths becomes a lease (the daemon must be
     /// stopped; the old state directory is moved aside, never deleted).
     #[command(
         after_help = "Examples:\n  aliasnet-ipamd recover --config /etc/aliasnet/ipamd.toml\n  \

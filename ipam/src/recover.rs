@@ -1,10 +1,11 @@
 //! `aliasnet-ipamd recover`: rebuild the state from the kernel when the state on disk is lost
 //! or corrupt.
 //!
-//! Every pod aliasnet attached has a host /32 route to its address through its host veth
-//! (named `host_veth_prefix` + a hash of the attachment key). Each such route becomes a lease.
-//! The key cannot be recovered from the hash, so the lease is stored under
-//! `(RECOVERED_NETWORK, <veth>, "-")` with `host_veth` set (see
+//! Every pod aliasnet attached has a host /32 route to its IPv4 address and a /128 route to its
+//! IPv6 address through its host veth (named `host_veth_prefix` + a hash of the attachment
+//! key). Each such route becomes a lease. The key cannot be recovered from the hash, so the
+//! lease is stored under `(RECOVERED_NETWORK, <veth>, "-")` with `host_veth` set (one lease per
+//! family under that key, as for any key; see
 //! [`aliasnet_ipam_proto::RECOVERED_NETWORK`]); the daemon releases it when a DEL names the veth
 //! (teardown link, or the key that hashes to it), when the veth disappears (reconcile), or by
 //! a GC once the veth is gone. A CHECK of the real key finds it through the veth as well.
@@ -12,18 +13,20 @@
 //! The old state directory is moved aside (`<state_dir>.broken-<unix ms>`), never
 //! deleted. Release times are lost with the old state, so every address that is not leased
 //! is put in cooldown from now (unless `--no-cooldown`): no address is reused while a
-//! connection of a pod deleted shortly before the crash could still point at it.
+//! connection of a pod deleted shortly before the crash could still point at it. IPv6 pools
+//! are not enumerated (a /64 has 2^64 addresses): their unleased addresses are not put in
+//! cooldown (metadata-listed IPv6 addresses are).
 //!
 //! Addresses of `azure-imds` pools are matched against one metadata read per pool; an address
 //! no pool claims is kept as a lease anyway (never handed out, reported at start).
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    net::Ipv4Addr,
+    collections::{BTreeMap, HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
-use aliasnet_ipam_proto::{recovered_key, PodRef};
+use aliasnet_ipam_proto::{recovered_key, Family, PodRef};
 use futures::TryStreamExt;
 use netlink_packet_route::{
     link::LinkAttribute,
@@ -31,9 +34,9 @@ use netlink_packet_route::{
 };
 
 use crate::{
-    config::{Config, PoolSource},
+    config::{Config, PoolSource, PoolSpec},
     imds,
-    lease::encode_data,
+    lease::{encode_data, ip_addr, Addr},
     reconcile::is_ours,
     service::now_ms,
     store::{
@@ -78,7 +81,7 @@ pub struct Options {
 #[derive(Debug, Default)]
 pub struct Report {
     /// (address, host veth, pool) of each recovered lease.
-    pub leases: Vec<(Ipv4Addr, String, String)>,
+    pub leases: Vec<(IpAddr, String, String)>,
     /// Routes through our veths that were not turned into leases, and why.
     pub skipped: Vec<String>,
     /// Addresses put in cooldown.
@@ -89,11 +92,12 @@ pub struct Report {
     pub old_state_error: Option<String>,
 }
 
-/// (address, host veth) of each IPv4 /32 route in the main table through one of our veths.
+/// (address, host veth) of each IPv4 /32 and IPv6 /128 route in the main table through one of
+/// our veths, IPv4 first.
 pub async fn kernel_routes(
     handle: &rtnetlink::Handle,
     prefix: &str,
-) -> Result<Vec<(Ipv4Addr, String)>, String> {
+) -> Result<Vec<(IpAddr, String)>, String> {
     let mut links: HashMap<u32, String> = HashMap::new();
     let mut s = handle.link().get().execute();
     while let Some(m) = s.try_next().await.map_err(|e| e.to_string())? {
@@ -109,34 +113,38 @@ pub async fn kernel_routes(
             links.insert(m.header.index, name);
         }
     }
-    let msg = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build();
-    let mut s = handle.route().get(msg).execute();
     let mut out = Vec::new();
-    while let Some(r) = s.try_next().await.map_err(|e| e.to_string())? {
-        if r.header.destination_prefix_length != 32 {
-            continue;
-        }
-        let table = r
-            .attributes
-            .iter()
-            .find_map(|a| match a {
-                RouteAttribute::Table(t) => Some(*t),
+    let v4 = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build();
+    let v6 = rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().build();
+    for (msg, host_len) in [(v4, 32), (v6, 128)] {
+        let mut s = handle.route().get(msg).execute();
+        while let Some(r) = s.try_next().await.map_err(|e| e.to_string())? {
+            if r.header.destination_prefix_length != host_len {
+                continue;
+            }
+            let table = r
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    RouteAttribute::Table(t) => Some(*t),
+                    _ => None,
+                })
+                .unwrap_or(u32::from(r.header.table));
+            if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+                continue;
+            }
+            let dst = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
                 _ => None,
-            })
-            .unwrap_or(u32::from(r.header.table));
-        if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
-            continue;
-        }
-        let dst = r.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
-            _ => None,
-        });
-        let oif = r.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Oif(i) => Some(*i),
-            _ => None,
-        });
-        if let (Some(dst), Some(name)) = (dst, oif.and_then(|i| links.get(&i))) {
-            out.push((dst, name.clone()));
+            });
+            let oif = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            });
+            if let (Some(dst), Some(name)) = (dst, oif.and_then(|i| links.get(&i))) {
+                out.push((dst, name.clone()));
+            }
         }
     }
     out.sort();
@@ -146,7 +154,7 @@ pub async fn kernel_routes(
 /// Rebuild `config.state_dir` from `routes` (what [`kernel_routes`] found).
 pub async fn recover(
     config: &Config,
-    routes: Vec<(Ipv4Addr, String)>,
+    routes: Vec<(IpAddr, String)>,
     opts: Options,
 ) -> Result<Report, RecoverError> {
     let dir = &config.state_dir;
@@ -181,7 +189,7 @@ pub async fn recover(
         .iter()
         .filter(|p| p.source == PoolSource::AzureImds)
         .collect();
-    let mut listed: HashMap<Ipv4Addr, String> = HashMap::new();
+    let mut listed: HashMap<IpAddr, String> = HashMap::new();
     let fetcher = imds::Fetcher::default();
     for p in &metadata_pools {
         let spec = p.imds.as_ref().expect("metadata pools have a spec");
@@ -189,7 +197,7 @@ pub async fn recover(
             Ok(body) => match imds::parse(&body) {
                 Ok(parsed) => {
                     for a in parsed.secondary {
-                        listed.entry(a).or_insert_with(|| p.name.clone());
+                        listed.entry(a.into()).or_insert_with(|| p.name.clone());
                     }
                 }
                 Err(e) => report
@@ -201,18 +209,26 @@ pub async fn recover(
                 .push(format!("pool '{}': metadata not read ({e:?})", p.name)),
         }
     }
-    let pool_of = |a: Ipv4Addr| -> String {
-        let n = u32::from(a);
-        if let Some(p) = static_pools
-            .iter()
-            .find(|p| p.ranges.iter().any(|r| r.first <= n && n <= r.last))
-        {
+    let pool_of = |a: IpAddr| -> String {
+        let fam = Family::of(a);
+        let holds = |p: &PoolSpec| match a {
+            IpAddr::V4(v4) => {
+                let n = u32::from(v4);
+                p.ranges.iter().any(|r| r.first <= n && n <= r.last)
+            }
+            IpAddr::V6(v6) => {
+                let n = u128::from(v6);
+                p.ranges6.iter().any(|r| r.first <= n && n <= r.last)
+            }
+        };
+        if let Some(p) = static_pools.iter().find(|p| holds(p)) {
             return p.name.clone();
         }
         if let Some(p) = listed.get(&a) {
             return p.clone();
         }
-        match metadata_pools.as_slice() {
+        let candidates: Vec<_> = metadata_pools.iter().filter(|p| p.family == fam).collect();
+        match candidates.as_slice() {
             // The only candidate: the address gets a slot there, absent until listed.
             [only] => only.name.clone(),
             _ => "unknown".into(),
@@ -220,34 +236,42 @@ pub async fn recover(
     };
 
     let now = now_ms();
-    let mut by_veth: BTreeMap<String, Ipv4Addr> = BTreeMap::new();
-    let mut leased = std::collections::HashSet::new();
+    let mut by_veth: BTreeMap<(String, Family), IpAddr> = BTreeMap::new();
+    let mut leased: HashSet<Addr> = HashSet::new();
     let mut w = SnapshotWriter::new(0, routes.len() * 140 + (1 << 20));
-    for (addr, veth) in routes {
-        if let Some(first) = by_veth.get(&veth) {
+    for (ip, veth) in routes {
+        let Some(addr) = ip_addr(ip) else {
+            report
+                .skipped
+                .push(format!("{ip} via {veth}: not an address a pool can hold"));
+            continue;
+        };
+        let fam = Family::of(ip);
+        if let Some(first) = by_veth.get(&(veth.clone(), fam)) {
             report.skipped.push(format!(
-                "{addr} via {veth}: the veth already routes {first}; one lease per veth"
+                "{ip} via {veth}: the veth already routes {first}; one lease per veth and family"
             ));
             continue;
         }
-        by_veth.insert(veth.clone(), addr);
-        leased.insert(u32::from(addr));
-        let pool = pool_of(addr);
+        by_veth.insert((veth.clone(), fam), ip);
+        leased.insert(addr);
+        let pool = pool_of(ip);
         let (data, key_len) = encode_data(&recovered_key(&veth), &PodRef::default(), Some(&veth));
         w.lease(&AllocRec {
             data,
             key_len,
-            addr: u32::from(addr).into(),
+            addr,
             allocated_at_ms: now,
             pool: pool.as_str().into(),
         });
-        report.leases.push((addr, veth, pool));
+        report.leases.push((ip, veth, pool));
     }
     if !opts.no_cooldown {
+        // IPv4 pools only: an IPv6 pool's ranges are not enumerated.
         for p in &static_pools {
             for r in &p.ranges {
                 for a in r.first..=r.last {
-                    if !leased.contains(&a) {
+                    if !leased.contains(&Addr::from(a)) {
                         w.cooling(CoolRec {
                             addr: a.into(),
                             released_at_ms: now,
@@ -258,16 +282,15 @@ pub async fn recover(
                 }
             }
         }
-        for (a, _) in listed
-            .iter()
-            .filter(|(a, _)| !leased.contains(&u32::from(**a)))
-        {
-            w.cooling(CoolRec {
-                addr: u32::from(*a).into(),
-                released_at_ms: now,
-                teardown: None,
-            });
-            report.cooling += 1;
+        for a in listed.keys().filter_map(|a| ip_addr(*a)) {
+            if !leased.contains(&a) {
+                w.cooling(CoolRec {
+                    addr: a,
+                    released_at_ms: now,
+                    teardown: None,
+                });
+                report.cooling += 1;
+            }
         }
     }
     let snapshot = w.finish();

@@ -1,11 +1,16 @@
 //! Recovery and reconcile against a real kernel, inside a network namespace this test creates
 //! (unshared by the test thread; it disappears with the thread): veths named like aliasnet's
-//! with /32 routes become recovered leases; a veth that goes away releases its lease; a veth
-//! without a route or lease is reported as an orphan.
+//! with /32 and /128 routes become recovered leases (one per family under the veth's key); a
+//! veth that goes away releases its leases; a veth without a route or lease is reported as an
+//! orphan.
 
 mod common;
 
-use std::{net::Ipv4Addr, sync::Arc, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
+    time::Duration,
+};
 
 use aliasnet_ipam::{
     reconcile::Reconciler,
@@ -17,7 +22,7 @@ use common::*;
 use futures::TryStreamExt;
 use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 
-async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, route: Option<Ipv4Addr>) {
+async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, routes: &[IpAddr]) {
     handle
         .link()
         .add(LinkVeth::new(name, peer).build())
@@ -32,7 +37,7 @@ async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, route: Opt
             .await
             .unwrap();
     }
-    if let Some(addr) = route {
+    for addr in routes {
         let idx = handle
             .link()
             .get()
@@ -44,14 +49,19 @@ async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, route: Opt
             .unwrap()
             .header
             .index;
+        let msg = match *addr {
+            IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(a, 32)
+                .output_interface(idx)
+                .build(),
+            IpAddr::V6(a) => RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(a, 128)
+                .output_interface(idx)
+                .build(),
+        };
         handle
             .route()
-            .add(
-                RouteMessageBuilder::<Ipv4Addr>::new()
-                    .destination_prefix(addr, 32)
-                    .output_interface(idx)
-                    .build(),
-            )
+            .add(msg)
             .execute()
             .await
             .unwrap_or_else(|e| panic!("route {addr} dev {name}: {e}"));
@@ -64,15 +74,28 @@ async fn scenario() {
     let v1 = v("p1");
     let v2 = v("p2");
     let orphan = v("gone");
-    add_veth(&handle, &v1, "pod1", Some(Ipv4Addr::new(10, 240, 0, 11))).await;
-    add_veth(&handle, &v2, "pod2", Some(Ipv4Addr::new(10, 240, 0, 12))).await;
-    add_veth(&handle, &orphan, "pod3", None).await;
+    // Dual-stack pods: a /32 and a /128 through each host veth.
+    add_veth(
+        &handle,
+        &v1,
+        "pod1",
+        &[ip("10.240.0.11"), ip("fd00:240::b")],
+    )
+    .await;
+    add_veth(
+        &handle,
+        &v2,
+        "pod2",
+        &[ip("10.240.0.12"), ip("fd00:240::c")],
+    )
+    .await;
+    add_veth(&handle, &orphan, "pod3", &[]).await;
     // Not ours: ignored by recovery and reconcile alike.
     add_veth(
         &handle,
         "other0",
         "other0p",
-        Some(Ipv4Addr::new(10, 240, 0, 13)),
+        &[ip("10.240.0.13"), ip("fd00:240::d")],
     )
     .await;
 
@@ -80,23 +103,35 @@ async fn scenario() {
     assert_eq!(
         routes,
         vec![
-            (Ipv4Addr::new(10, 240, 0, 11), v1.clone()),
-            (Ipv4Addr::new(10, 240, 0, 12), v2.clone())
+            (ip("10.240.0.11"), v1.clone()),
+            (ip("10.240.0.12"), v2.clone()),
+            (ip("fd00:240::b"), v1.clone()),
+            (ip("fd00:240::c"), v2.clone()),
         ]
     );
 
-    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let env = Env::new(
+        "",
+        "cidrs = [\"10.240.0.0/24\"]\n[[pool]]\nname = \"v6\"\nsource = \"static\"\n\
+         cidrs = [\"fd00:240::/112\"]",
+    );
     let rep = recover::recover(&env.config, routes, Options::default())
         .await
         .unwrap();
-    assert_eq!(rep.leases.len(), 2);
+    assert_eq!(rep.leases.len(), 4, "{rep:?}");
+    assert!(rep.skipped.is_empty(), "{rep:?}");
     assert!(rep.moved_aside.is_none(), "there was no state");
 
     let d = env.start(remover.clone()).await;
     let socket = env.socket();
     let leases = list(&socket).await;
-    assert_eq!(leases.len(), 2);
+    assert_eq!(leases.len(), 4);
     assert!(leases.iter().all(|l| l.key.network == RECOVERED_NETWORK));
+    // Each veth's two leases share its key.
+    let v1_leases: Vec<_> = leases.iter().filter(|l| l.key.container_id == v1).collect();
+    assert_eq!(v1_leases.len(), 2, "{leases:?}");
+    assert_eq!(v1_leases[0].key, v1_leases[1].key);
+    assert_eq!(v1_leases[1].pool, "v6");
 
     let mut r = Reconciler::new(d.ipam().clone(), Duration::ZERO);
     let rep = r.pass().await.unwrap();
@@ -123,9 +158,14 @@ async fn scenario() {
         .await
         .unwrap();
     let rep = r.pass().await.unwrap();
+    let mut released = rep.released.clone();
+    released.sort();
     assert_eq!(
-        rep.released,
-        vec![(Ipv4Addr::new(10, 240, 0, 11).into(), v1.clone())]
+        released,
+        vec![
+            (ip("10.240.0.11"), v1.clone()),
+            (ip("fd00:240::b"), v1.clone())
+        ]
     );
 
     // The plugin's DEL for p2: the key hashes to v2; the daemon deletes the veth.
@@ -133,7 +173,7 @@ async fn scenario() {
     assert_eq!(
         resp,
         Response::Released {
-            address: Some(Ipv4Addr::new(10, 240, 0, 12).into())
+            address: Some(ip("10.240.0.12"))
         }
     );
     eventually(5, "v2 to be deleted", || async {
@@ -142,6 +182,10 @@ async fn scenario() {
     .await;
     assert!(list(&socket).await.is_empty());
     d.shutdown().await;
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
 }
 
 #[test]

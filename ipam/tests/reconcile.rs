@@ -148,10 +148,10 @@ async fn recovered_leases_are_released_by_del_gc_and_reconcile() {
     // What the kernel shows: three pods, one outside every pool, and a second route through
     // an already seen veth.
     let routes = vec![
-        (Ipv4Addr::new(10, 240, 0, 7), veth("x")),
-        (Ipv4Addr::new(10, 240, 0, 9), veth("y")),
-        (Ipv4Addr::new(10, 240, 0, 10), veth("y")),
-        (Ipv4Addr::new(10, 99, 0, 1), veth("z")),
+        (Ipv4Addr::new(10, 240, 0, 7).into(), veth("x")),
+        (Ipv4Addr::new(10, 240, 0, 9).into(), veth("y")),
+        (Ipv4Addr::new(10, 240, 0, 10).into(), veth("y")),
+        (Ipv4Addr::new(10, 99, 0, 1).into(), veth("z")),
     ];
     let rep = recover::recover(&env.config, routes.clone(), Options::default())
         .await
@@ -253,4 +253,80 @@ async fn recovered_leases_are_released_by_del_gc_and_reconcile() {
     .unwrap();
     assert_eq!((rep.leases.len(), rep.cooling), (1, 0));
     assert!(rep.old_state_error.is_none() && rep.moved_aside.is_some());
+}
+
+/// A dual-stack pod's /32 and /128 through one veth: two recovered leases under the veth's
+/// key, both answered by a CHECK of the real key, both kept over a restart, both released by
+/// one DEL; the IPv6 address is not handed out while leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_veth_holds_one_lease_per_family() {
+    let env = Env::new(
+        "cooldown = \"0s\"",
+        "cidrs = [\"10.240.0.0/30\"]\n[[pool]]\nname = \"v6\"\nsource = \"static\"\n\
+         cidrs = [\"fd00:240::/127\"]",
+    );
+    let socket = env.socket();
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    let routes = vec![
+        (ip("10.240.0.1"), veth("x")),
+        (ip("fd00:240::"), veth("x")),
+        (ip("fd00:240::1"), veth("x")),
+        (ip("::1"), veth("y")),
+    ];
+    let rep = recover::recover(&env.config, routes, Options::default())
+        .await
+        .unwrap();
+    assert_eq!(rep.leases.len(), 2, "{rep:?}");
+    assert_eq!(rep.leases[1], (ip("fd00:240::"), veth("x"), "v6".into()));
+    // A second /128 through the same veth, and an address no pool can hold.
+    assert_eq!(rep.skipped.len(), 2, "{rep:?}");
+    // IPv4 addresses cool; an IPv6 range is not enumerated.
+    assert_eq!(rep.cooling, 3);
+
+    for restart in [false, true] {
+        let d = env
+            .start(Arc::new(Recorder::with_links(&[&veth("x")])))
+            .await;
+        let Response::Lease {
+            lease: Some(l),
+            more,
+        } = call(&socket, Request::Check { key: key("x") })
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(l.address, ip("10.240.0.1"), "restart {restart}");
+        assert_eq!(more.len(), 1);
+        assert_eq!(more[0].address, ip("fd00:240::"));
+        assert_eq!(
+            more[0].key,
+            AttachmentKey::new(RECOVERED_NETWORK, &veth("x"), "-")
+        );
+        d.shutdown().await;
+    }
+
+    let d = env
+        .start(Arc::new(Recorder::with_links(&[&veth("x")])))
+        .await;
+    // The recovered IPv6 address is not handed out: the pool's other address is.
+    let Response::Allocated { lease, more } =
+        call(&socket, alloc_with_veth("new", None)).await.unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(lease.address, ip("10.240.0.0"));
+    assert_eq!(more[0].address, ip("fd00:240::1"));
+    assert_eq!(
+        release(&socket, "x", None).await,
+        Response::Released {
+            address: Some(ip("10.240.0.1"))
+        }
+    );
+    let left = list(&socket).await;
+    assert!(
+        left.iter().all(|l| l.key == key("new")) && left.len() == 2,
+        "{left:?}"
+    );
+    d.shutdown().await;
 }

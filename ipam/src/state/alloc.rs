@@ -117,19 +117,21 @@ impl State {
         }
     }
 
-    /// The recovered lease (key unknown) of host veth `veth`, if any.
-    fn recovered_of(&self, veth: &str) -> Option<u32> {
-        self.recovered.get(veth).copied()
+    /// The recovered leases (key unknown, one per family) of host veth `veth`, if any.
+    fn recovered_of(&self, veth: &str) -> Option<&[u32]> {
+        self.recovered.get(veth).map(Vec::as_slice)
     }
 
-    /// The recovered lease `key` stands for: through `link` (what the plugin names), or the
-    /// host veth name the key hashes to.
-    pub(super) fn recovered_for(&self, key: &AttachmentKey, link: Option<&str>) -> Option<u32> {
+    /// The recovered leases `key` stands for (IPv4 first): through `link` (what the plugin
+    /// names), or the host veth name the key hashes to.
+    pub(super) fn recovered_for(&self, key: &AttachmentKey, link: Option<&str>) -> Vec<u32> {
         if self.recovered.is_empty() {
-            return None;
+            return Vec::new();
         }
         link.and_then(|l| self.recovered_of(l))
             .or_else(|| self.recovered_of(&host_veth_name(&self.veth_prefix, key)))
+            .map(<[u32]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// Reserve an address for `req.key` (pending until committed).

@@ -49,8 +49,18 @@ impl State {
                 .copied()
                 .unwrap_or(u16::MAX);
             let addr = e.addr;
+            // A recovered veth may hold one lease per family.
+            let recovered_veth: Option<Box<str>> = e
+                .network_is(RECOVERED_NETWORK)
+                .then(|| e.host_veth().map(|v| v.as_str().into()))
+                .flatten();
+            if let Some(v) = recovered_veth {
+                let ids = st.recovered.entry(v).or_default();
+                ids.push(id);
+                ids.sort_by_key(|i| st.leases.get(*i).addr);
+                report.recovered += 1;
+            }
             if let Some(q) = st.locate6(addr) {
-                // An IPv6 lease (`recover` rebuilds IPv4 leases only, so never a recovered one).
                 let name = st.name6(q);
                 st.leases.get_mut(id).pool_name = name;
                 let pool = &mut st.pools6[q];
@@ -88,12 +98,6 @@ impl State {
                     e.pool_name = recorded;
                     st.orphans += 1;
                     orphan_ids.push(id);
-                }
-            }
-            if e.network_is(RECOVERED_NETWORK) {
-                if let Some(v) = e.host_veth() {
-                    st.recovered.insert(v.into(), id);
-                    report.recovered += 1;
                 }
             }
         }

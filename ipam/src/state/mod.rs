@@ -139,8 +139,9 @@ pub struct State {
     /// Released addresses in no pool yet (a metadata pool's, before its first read after a
     /// restart): address -> release time. They cool down when the metadata lists them again.
     unplaced_cooling: HashMap<Addr, u64>,
-    /// Recovered leases (key unknown) by host veth -> lease id.
-    recovered: HashMap<Box<str>, u32>,
+    /// Recovered leases (key unknown) by host veth -> lease ids (one per family, by address:
+    /// IPv4 first).
+    recovered: HashMap<Box<str>, Vec<u32>>,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -299,7 +300,12 @@ impl State {
                     let e = self.leases.remove(id);
                     if e.network_is(RECOVERED_NETWORK) {
                         if let Some(v) = e.host_veth() {
-                            self.recovered.remove(v.as_str());
+                            if let Some(ids) = self.recovered.get_mut(v.as_str()) {
+                                ids.retain(|i| *i != id);
+                                if ids.is_empty() {
+                                    self.recovered.remove(v.as_str());
+                                }
+                            }
                         }
                     }
                 }

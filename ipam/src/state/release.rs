@@ -221,13 +221,15 @@ impl State {
                     )
                 })
                 .collect();
-            for (veth, id) in &self.recovered {
-                if self.leases.get(*id).state == LeaseState::Committed
-                    && settled(self.leases.get(*id).allocated_at_ms)
-                    && !valid_veths.contains(&**veth)
-                    && veth_gone(veth)
-                {
-                    stale.push(*id);
+            for (veth, ids) in &self.recovered {
+                for id in ids {
+                    if self.leases.get(*id).state == LeaseState::Committed
+                        && settled(self.leases.get(*id).allocated_at_ms)
+                        && !valid_veths.contains(&**veth)
+                        && veth_gone(veth)
+                    {
+                        stale.push(*id);
+                    }
                 }
             }
         }

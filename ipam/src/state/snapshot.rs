@@ -107,8 +107,12 @@ impl State {
         }
         assert_eq!(n, self.leases.len());
         assert_eq!(orphans, self.orphans);
-        for (veth, id) in &self.recovered {
-            assert!(self.leases.get(*id).host_veth_is(veth));
+        for (veth, ids) in &self.recovered {
+            assert!(!ids.is_empty() && ids.len() <= 2, "{veth}");
+            assert!(ids.is_sorted_by_key(|id| self.leases.get(*id).addr));
+            for id in ids {
+                assert!(self.leases.get(*id).host_veth_is(veth));
+            }
         }
         for (q, pool) in self.pools6.iter().enumerate() {
             assert_eq!(pool.leased, leased6[q], "pool {}", pool.spec.name);
