@@ -4,6 +4,8 @@
 //!
 //! Per interface, `ipv4.ipAddress[0]` is the primary ipconfig (the node's own address) and is
 //! never handed out; the other entries are the secondary addresses that make up the pool.
+//! IPv6 addresses are listed the same way under `ipv6.ipAddress[]`: the first of each
+//! interface is the node's own, the others are secondaries.
 //!
 //! Only a complete read is acted on: a non-200 status, a body cut short, JSON that does not
 //! parse, an unparsable address, or a document with no interface (IMDS always lists the
@@ -17,7 +19,12 @@
 //! doubling up to `refresh_max` while nothing changes. Failures back off the same way (from
 //! `refresh_min`, doubling), and a 429 or 5xx with `Retry-After` waits at least that long.
 
-use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, Ipv6Addr},
+    str::FromStr,
+    time::Duration,
+};
 
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
@@ -43,14 +50,16 @@ struct Doc {
 #[derive(Deserialize)]
 struct Interface {
     #[serde(default)]
-    ipv4: Option<V4>,
+    ipv4: Option<AddrList>,
+    #[serde(default)]
+    ipv6: Option<AddrList>,
     #[serde(default, rename = "macAddress")]
     mac: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct V4 {
-    #[serde(rename = "ipAddress")]
+struct AddrList {
+    #[serde(rename = "ipAddress", default)]
     ip_address: Vec<IpEntry>,
 }
 
@@ -68,27 +77,35 @@ pub struct Parsed {
     pub secondary: Vec<Ipv4Addr>,
     /// The primary address of each interface.
     pub primaries: Vec<Ipv4Addr>,
+    /// Secondary IPv6 addresses of every interface (`ipv6.ipAddress[1..]`), likewise.
+    pub secondary6: Vec<Ipv6Addr>,
+    /// The first IPv6 address of each interface that has one (the node's own).
+    pub primaries6: Vec<Ipv6Addr>,
 }
 
-/// Parse an IMDS `instance/network` document; any defect is an error (nothing is applied).
-pub fn parse(body: &[u8]) -> Result<Parsed, String> {
-    let doc: Doc = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
-    if doc.interface.is_empty() {
-        return Err("the document lists no interface".into());
-    }
+/// (first address of each interface, the other addresses) of one family's lists.
+type Split<A> = (Vec<A>, BTreeSet<A>);
+
+/// Split `ipvN.ipAddress[]` of every interface into primaries and secondaries.
+fn split<A: FromStr + Ord + Copy>(
+    doc: &Doc,
+    list: impl Fn(&Interface) -> Option<&AddrList>,
+    family: &str,
+) -> Result<Split<A>, String> {
     let mut primaries = Vec::new();
     let mut secondary = BTreeSet::new();
     for (i, iface) in doc.interface.iter().enumerate() {
-        let Some(v4) = &iface.ipv4 else { continue };
+        let Some(l) = list(iface) else { continue };
         let name = iface
             .mac
             .as_deref()
             .map_or_else(|| format!("interface[{i}]"), |m| format!("interface {m}"));
-        for (j, e) in v4.ip_address.iter().enumerate() {
-            let ip: Ipv4Addr = e.private.trim().parse().map_err(|_| {
+        for (j, e) in l.ip_address.iter().enumerate() {
+            let ip: A = e.private.trim().parse().map_err(|_| {
                 format!(
-                    "{name}: ipv4.ipAddress[{j}].privateIpAddress {:?} is not an IPv4 address",
-                    e.private
+                    "{name}: {family}.ipAddress[{j}].privateIpAddress {:?} is not an {} address",
+                    e.private,
+                    if family == "ipv4" { "IPv4" } else { "IPv6" }
                 )
             })?;
             if j == 0 {
@@ -98,15 +115,28 @@ pub fn parse(body: &[u8]) -> Result<Parsed, String> {
             }
         }
     }
-    if primaries.is_empty() {
-        return Err("no interface has an IPv4 address".into());
-    }
     for p in &primaries {
         secondary.remove(p);
     }
+    Ok((primaries, secondary))
+}
+
+/// Parse an IMDS `instance/network` document; any defect is an error (nothing is applied).
+pub fn parse(body: &[u8]) -> Result<Parsed, String> {
+    let doc: Doc = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    if doc.interface.is_empty() {
+        return Err("the document lists no interface".into());
+    }
+    let (primaries, secondary) = split::<Ipv4Addr>(&doc, |i| i.ipv4.as_ref(), "ipv4")?;
+    if primaries.is_empty() {
+        return Err("no interface has an IPv4 address".into());
+    }
+    let (primaries6, secondary6) = split::<Ipv6Addr>(&doc, |i| i.ipv6.as_ref(), "ipv6")?;
     Ok(Parsed {
         secondary: secondary.into_iter().collect(),
         primaries,
+        secondary6: secondary6.into_iter().collect(),
+        primaries6,
     })
 }
 
@@ -362,6 +392,35 @@ mod tests {
                 Ipv4Addr::new(10, 0, 8, 7),
                 Ipv4Addr::new(10, 0, 9, 5)
             ]
+        );
+    }
+
+    #[test]
+    fn ipv6_secondaries_are_read_next_to_ipv4() {
+        let body = r#"{"interface":[
+            {"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.8.5"},{"privateIpAddress":"10.0.8.6"}]},
+             "ipv6":{"ipAddress":[{"privateIpAddress":"fd00:100::5"},
+                                  {"privateIpAddress":"fd00:100::7"},
+                                  {"privateIpAddress":" fd00:100::6 "}]},
+             "macAddress":"000D3A328570"},
+            {"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.9.4"}]},
+             "ipv6":{"ipAddress":[{"privateIpAddress":"fd00:100::9"},
+                                  {"privateIpAddress":"fd00:100::5"}]}}]}"#;
+        let p = parse(body.as_bytes()).unwrap();
+        assert_eq!(p.secondary, vec![Ipv4Addr::new(10, 0, 8, 6)]);
+        let v6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(p.primaries6, vec![v6("fd00:100::5"), v6("fd00:100::9")]);
+        // Sorted, and never another interface's first address.
+        assert_eq!(p.secondary6, vec![v6("fd00:100::6"), v6("fd00:100::7")]);
+        // No IPv6 list at all, or an empty one: no IPv6 addresses.
+        let p = parse(SAMPLE.as_bytes()).unwrap();
+        assert!(p.secondary6.is_empty() && p.primaries6.is_empty());
+        let bad = r#"{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.0.1"}]},
+            "ipv6":{"ipAddress":[{"privateIpAddress":"fd00::1"},{"privateIpAddress":"10.0.0.2"}]}}]}"#;
+        let e = parse(bad.as_bytes()).unwrap_err();
+        assert!(
+            e.contains("ipv6.ipAddress[1]") && e.contains("not an IPv6 address"),
+            "{e}"
         );
     }
 
