@@ -257,7 +257,8 @@ async fn recovered_leases_are_released_by_del_gc_and_reconcile() {
 
 /// A dual-stack pod's /32 and /128 through one veth: two recovered leases under the veth's
 /// key, both answered by a CHECK of the real key, both kept over a restart, both released by
-/// one DEL; the IPv6 address is not handed out while leased.
+/// one DEL (or by a GC once the veth is gone); the IPv6 address is not handed out while
+/// leased.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovered_veth_holds_one_lease_per_family() {
     let env = Env::new(
@@ -272,16 +273,39 @@ async fn a_recovered_veth_holds_one_lease_per_family() {
         (ip("fd00:240::"), veth("x")),
         (ip("fd00:240::1"), veth("x")),
         (ip("::1"), veth("y")),
+        (ip("10.240.0.2"), veth("w")),
+        (ip("fd00:240::1"), veth("w")),
     ];
     let rep = recover::recover(&env.config, routes, Options::default())
         .await
         .unwrap();
-    assert_eq!(rep.leases.len(), 2, "{rep:?}");
+    assert_eq!(rep.leases.len(), 4, "{rep:?}");
     assert_eq!(rep.leases[1], (ip("fd00:240::"), veth("x"), "v6".into()));
     // A second /128 through the same veth, and an address no pool can hold.
     assert_eq!(rep.skipped.len(), 2, "{rep:?}");
     // IPv4 addresses cool; an IPv6 range is not enumerated.
-    assert_eq!(rep.cooling, 3);
+    assert_eq!(rep.cooling, 2);
+
+    // A GC once w's veth is gone releases both of its leases.
+    let d = env
+        .start(Arc::new(Recorder::with_links(&[&veth("x")])))
+        .await;
+    let gc = Request::Gc {
+        network: "net".into(),
+        valid: vec![],
+    };
+    let Response::GcDone { mut released } = call(&socket, gc).await.unwrap() else {
+        panic!()
+    };
+    released.sort_by_key(|l| l.address);
+    assert_eq!(
+        released.iter().map(|l| l.address).collect::<Vec<_>>(),
+        vec![ip("10.240.0.2"), ip("fd00:240::1")]
+    );
+    assert!(released
+        .iter()
+        .all(|l| l.key == AttachmentKey::new(RECOVERED_NETWORK, &veth("w"), "-")));
+    d.shutdown().await;
 
     for restart in [false, true] {
         let d = env
@@ -315,7 +339,7 @@ async fn a_recovered_veth_holds_one_lease_per_family() {
     else {
         panic!()
     };
-    assert_eq!(lease.address, ip("10.240.0.0"));
+    assert_ne!(lease.address, ip("10.240.0.1"));
     assert_eq!(more[0].address, ip("fd00:240::1"));
     assert_eq!(
         release(&socket, "x", None).await,
