@@ -43,6 +43,11 @@ pub fn errno(e: &rtnetlink::Error) -> Option<i32> {
     }
 }
 
+/// A route whose prefix and gateway are of different families (a caller's bug).
+fn invalid_route(e: impl std::fmt::Display) -> rtnetlink::Error {
+    rtnetlink::Error::InvalidNla(e.to_string())
+}
+
 /// A code-106 error for a failed netlink `op`.
 pub fn nl_err(op: impl std::fmt::Display, e: rtnetlink::Error) -> CniError {
     let detail = match errno(&e) {
@@ -246,47 +251,56 @@ impl Nl {
             .await
     }
 
-    /// `dst/len dev index scope link`.
+    /// `dst/len dev index`: scope link for IPv4 (the gateway's /32, the host's /32 to a pod);
+    /// IPv6 routes have no link scope, on-link is implied by the device (the host's /128 to a
+    /// pod, resolved by neighbour discovery as the IPv4 /32 is by ARP).
     pub async fn add_link_route(
         &self,
         index: u32,
-        dst: Ipv4Addr,
+        dst: IpAddr,
         len: u8,
     ) -> Result<(), rtnetlink::Error> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+        let scope = match dst {
+            IpAddr::V4(_) => RouteScope::Link,
+            IpAddr::V6(_) => RouteScope::Universe,
+        };
+        let msg = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(dst, len)
+            .map_err(invalid_route)?
             .output_interface(index)
-            .scope(RouteScope::Link)
+            .scope(scope)
             .build();
         self.handle.route().add(msg).execute().await
     }
 
-    /// `dst/len via gw dev index` (`0.0.0.0/0` is the default route).
+    /// `dst/len via gw dev index` (`0.0.0.0/0` and `::/0` are the default routes). An IPv6
+    /// link-local gateway needs no route of its own: the device names its link.
     pub async fn add_gateway_route(
         &self,
         index: u32,
-        dst: Ipv4Addr,
+        dst: IpAddr,
         len: u8,
-        gw: Ipv4Addr,
+        gw: IpAddr,
     ) -> Result<(), rtnetlink::Error> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+        let msg = RouteMessageBuilder::<IpAddr>::new()
             .destination_prefix(dst, len)
-            .gateway(gw)
+            .and_then(|b| b.gateway(gw))
+            .map_err(invalid_route)?
             .output_interface(index)
             .build();
         self.handle.route().add(msg).execute().await
     }
 
-    /// Permanent neighbour `ip lladdr mac dev index`.
+    /// Permanent neighbour `ip lladdr mac dev index` (no ARP or neighbour discovery for it, ever).
     pub async fn add_permanent_neigh(
         &self,
         index: u32,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         mac: &[u8; 6],
     ) -> Result<(), rtnetlink::Error> {
         self.handle
             .neighbours()
-            .add(index, IpAddr::V4(ip))
+            .add(index, ip)
             .link_layer_address(mac)
             .execute()
             .await

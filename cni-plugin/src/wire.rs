@@ -43,15 +43,15 @@ impl Links<'_> {
             ));
             batch.push(op(
                 move || format!("pod: add route {GATEWAY}/32 dev {ifname} scope link"),
-                pod.add_link_route(pi, GATEWAY, 32),
+                pod.add_link_route(pi, GATEWAY.into(), 32),
             ));
             batch.push(op(
                 move || format!("pod: add permanent neighbour {GATEWAY} on {ifname}"),
-                pod.add_permanent_neigh(pi, GATEWAY, mac),
+                pod.add_permanent_neigh(pi, GATEWAY.into(), mac),
             ));
             batch.push(op(
                 move || format!("host: add route {ip}/32 dev {veth}"),
-                host.add_link_route(hi, ip, 32),
+                host.add_link_route(hi, ip.into(), 32),
             ));
         }
         if let Some(ip) = w.v6 {
@@ -61,7 +61,7 @@ impl Links<'_> {
             ));
             batch.push(op(
                 move || format!("pod: add permanent neighbour {GATEWAY6} on {ifname}"),
-                pod.add_permanent_neigh6(pi, GATEWAY6, mac),
+                pod.add_permanent_neigh(pi, GATEWAY6.into(), mac),
             ));
             batch.push(op(
                 move || format!("host: add address {GATEWAY6}/64 nodad on {veth}"),
@@ -69,14 +69,14 @@ impl Links<'_> {
             ));
             batch.push(op(
                 move || format!("host: add route {ip}/128 dev {veth}"),
-                host.add_link_route6(hi, ip, 128),
+                host.add_link_route(hi, ip.into(), 128),
             ));
             // A link-local gateway on a named device needs no route of its own, so these go
             // in the same batch.
             for &(dst, len) in &w.routes6 {
                 batch.push(op(
                     move || format!("pod: add route {dst}/{len} via {GATEWAY6} dev {ifname}"),
-                    pod.add_gateway_route6(pi, dst, len, GATEWAY6),
+                    pod.add_gateway_route(pi, dst.into(), len, GATEWAY6.into()),
                 ));
             }
         }
@@ -85,7 +85,7 @@ impl Links<'_> {
             r?;
         }
         for &(dst, len) in &w.routes4 {
-            pod.add_gateway_route(pi, dst, len, GATEWAY)
+            pod.add_gateway_route(pi, dst.into(), len, GATEWAY.into())
                 .await
                 .map_err(|e| {
                     nl_err(

@@ -8,10 +8,7 @@ use rtnetlink::{
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage},
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
-        route::{
-            RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteScope,
-            RouteType,
-        },
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteType},
         AddressFamily,
     },
     RouteMessageBuilder,
@@ -93,54 +90,6 @@ impl Nl {
         m.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
         req.execute().await
-    }
-
-    /// `dst/len dev index` (the host's /128 to a pod; on-link, resolved by neighbour discovery
-    /// as the IPv4 /32 is by ARP).
-    pub async fn add_link_route6(
-        &self,
-        index: u32,
-        dst: Ipv6Addr,
-        len: u8,
-    ) -> Result<(), rtnetlink::Error> {
-        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(dst, len)
-            .output_interface(index)
-            .scope(RouteScope::Universe)
-            .build();
-        self.handle.route().add(msg).execute().await
-    }
-
-    /// `dst/len via gw dev index` (`::/0` is the default route). A link-local gateway needs no
-    /// route of its own: the device names its link.
-    pub async fn add_gateway_route6(
-        &self,
-        index: u32,
-        dst: Ipv6Addr,
-        len: u8,
-        gw: Ipv6Addr,
-    ) -> Result<(), rtnetlink::Error> {
-        let msg = RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(dst, len)
-            .gateway(gw)
-            .output_interface(index)
-            .build();
-        self.handle.route().add(msg).execute().await
-    }
-
-    /// Permanent neighbour `ip lladdr mac dev index` (no neighbour discovery for it, ever).
-    pub async fn add_permanent_neigh6(
-        &self,
-        index: u32,
-        ip: Ipv6Addr,
-        mac: &[u8; 6],
-    ) -> Result<(), rtnetlink::Error> {
-        self.handle
-            .neighbours()
-            .add(index, IpAddr::V6(ip))
-            .link_layer_address(mac)
-            .execute()
-            .await
     }
 
     /// The IPv6 default route's device, for nodes without an IPv4 one: one FIB lookup of a
