@@ -4,7 +4,7 @@
 //! in at creation time (see [`crate::netns::NetNs::enter`]).
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd, BorrowedFd},
 };
 
@@ -110,12 +110,39 @@ pub fn format_mac(m: &[u8]) -> String {
         .join(":")
 }
 
-/// A route, reduced to what we compare.
+/// A family's addresses as route attributes carry them.
+pub trait RouteAddr: Copy {
+    const UNSPECIFIED: Self;
+    /// The address, if `a` is of this family.
+    fn of(a: RouteAddress) -> Option<Self>;
+}
+
+impl RouteAddr for Ipv4Addr {
+    const UNSPECIFIED: Self = Ipv4Addr::UNSPECIFIED;
+    fn of(a: RouteAddress) -> Option<Self> {
+        match a {
+            RouteAddress::Inet(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl RouteAddr for Ipv6Addr {
+    const UNSPECIFIED: Self = Ipv6Addr::UNSPECIFIED;
+    fn of(a: RouteAddress) -> Option<Self> {
+        match a {
+            RouteAddress::Inet6(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// A route of family `A`, reduced to what we compare.
 #[derive(Debug, Clone)]
-pub struct Route4 {
-    pub dst: Ipv4Addr,
+pub struct Route<A> {
+    pub dst: A,
     pub dst_len: u8,
-    pub gateway: Option<Ipv4Addr>,
+    pub gateway: Option<A>,
     pub oif: Option<u32>,
     pub scope: RouteScope,
     pub table: u32,
@@ -123,10 +150,13 @@ pub struct Route4 {
     pub kind: RouteType,
 }
 
-impl Route4 {
+pub type Route4 = Route<Ipv4Addr>;
+pub type Route6 = Route<Ipv6Addr>;
+
+impl<A: RouteAddr> Route<A> {
     fn from_msg(m: RouteMessage) -> Self {
-        let mut r = Route4 {
-            dst: Ipv4Addr::UNSPECIFIED,
+        let mut r = Route {
+            dst: A::UNSPECIFIED,
             dst_len: m.header.destination_prefix_length,
             gateway: None,
             oif: None,
@@ -137,8 +167,16 @@ impl Route4 {
         };
         for a in m.attributes {
             match a {
-                RouteAttribute::Destination(RouteAddress::Inet(d)) => r.dst = d,
-                RouteAttribute::Gateway(RouteAddress::Inet(g)) => r.gateway = Some(g),
+                RouteAttribute::Destination(d) => {
+                    if let Some(d) = A::of(d) {
+                        r.dst = d;
+                    }
+                }
+                RouteAttribute::Gateway(g) => {
+                    if let Some(g) = A::of(g) {
+                        r.gateway = Some(g);
+                    }
+                }
                 RouteAttribute::Oif(i) => r.oif = Some(i),
                 RouteAttribute::Table(t) => r.table = t,
                 RouteAttribute::Priority(p) => r.priority = p,

@@ -8,13 +8,13 @@ use rtnetlink::{
     packet_route::{
         address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage},
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
-        route::{RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteType},
+        route::{RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteType},
         AddressFamily,
     },
     RouteMessageBuilder,
 };
 
-use super::Nl;
+use super::{Nl, Route6};
 
 /// The pod's IPv6 gateway. Link-local, so the same on every veth; the host veth carries it
 /// (the pod can ping its gateway, and the host's neighbour solicitations towards the pod have
@@ -29,50 +29,6 @@ pub struct Addr6 {
     /// Still in (or failed) duplicate address detection: unusable as a source.
     pub tentative: bool,
     pub nodad: bool,
-}
-
-/// An IPv6 route, reduced to what we compare.
-#[derive(Debug, Clone)]
-pub struct Route6 {
-    pub dst: Ipv6Addr,
-    pub dst_len: u8,
-    pub gateway: Option<Ipv6Addr>,
-    pub oif: Option<u32>,
-    pub table: u32,
-    pub priority: u32,
-    pub kind: RouteType,
-}
-
-impl Route6 {
-    fn from_msg(m: RouteMessage) -> Self {
-        let mut r = Route6 {
-            dst: Ipv6Addr::UNSPECIFIED,
-            dst_len: m.header.destination_prefix_length,
-            gateway: None,
-            oif: None,
-            table: m.header.table as u32,
-            priority: 0,
-            kind: m.header.kind,
-        };
-        for a in m.attributes {
-            match a {
-                RouteAttribute::Destination(RouteAddress::Inet6(d)) => r.dst = d,
-                RouteAttribute::Gateway(RouteAddress::Inet6(g)) => r.gateway = Some(g),
-                RouteAttribute::Oif(i) => r.oif = Some(i),
-                RouteAttribute::Table(t) => r.table = t,
-                RouteAttribute::Priority(p) => r.priority = p,
-                RouteAttribute::MultiPath(hops) if r.oif.is_none() => {
-                    r.oif = hops.first().map(|h| h.interface_index);
-                }
-                _ => {}
-            }
-        }
-        r
-    }
-
-    pub fn in_main_table(&self) -> bool {
-        self.table == RouteHeader::RT_TABLE_MAIN as u32
-    }
 }
 
 impl Nl {
