@@ -102,41 +102,73 @@ pub(super) fn parse_range(s: &str) -> Result<AddrRange, String> {
     })
 }
 
+/// An inclusive range of addresses as integers, of either family: what [`subtract_spans`] works on.
+trait Span: Copy + Ord {
+    fn bounds(&self) -> (u128, u128);
+    /// Only called with bounds inside a range of the same type.
+    fn from_bounds(first: u128, last: u128) -> Self;
+}
+
+impl Span for AddrRange {
+    fn bounds(&self) -> (u128, u128) {
+        (u128::from(self.first), u128::from(self.last))
+    }
+    fn from_bounds(first: u128, last: u128) -> Self {
+        let narrow = |x: u128| u32::try_from(x).expect("within an IPv4 range");
+        AddrRange {
+            first: narrow(first),
+            last: narrow(last),
+        }
+    }
+}
+
+impl Span for Range6 {
+    fn bounds(&self) -> (u128, u128) {
+        (self.first, self.last)
+    }
+    fn from_bounds(first: u128, last: u128) -> Self {
+        Range6 { first, last }
+    }
+}
+
 /// `ranges` (sorted, disjoint) minus `excl`; the result is sorted, disjoint and merged.
-pub(super) fn subtract(ranges: &[AddrRange], excl: &mut [AddrRange]) -> Vec<AddrRange> {
+fn subtract_spans<S: Span>(ranges: &[S], excl: &mut [S]) -> Vec<S> {
     excl.sort();
-    let mut out: Vec<AddrRange> = Vec::new();
+    let mut out: Vec<(u128, u128)> = Vec::new();
     for r in ranges {
-        let mut cur = Some(*r);
+        let mut cur = Some(r.bounds());
         for e in excl.iter() {
-            let Some(c) = cur else { break };
-            if e.last < c.first || e.first > c.last {
+            let Some((cf, cl)) = cur else { break };
+            let (ef, el) = e.bounds();
+            if el < cf || ef > cl {
                 continue;
             }
-            if e.first > c.first {
-                out.push(AddrRange {
-                    first: c.first,
-                    last: e.first - 1,
-                });
+            if ef > cf {
+                out.push((cf, ef - 1));
             }
-            cur = (e.last < c.last).then(|| AddrRange {
-                first: e.last + 1,
-                last: c.last,
-            });
+            cur = (el < cl).then(|| (el + 1, cl));
         }
         if let Some(c) = cur {
             out.push(c);
         }
     }
     // Merge adjacent pieces (e.g. ips listed next to a range) so lookups stay short.
-    let mut merged: Vec<AddrRange> = Vec::with_capacity(out.len());
-    for r in out {
+    let mut merged: Vec<(u128, u128)> = Vec::with_capacity(out.len());
+    for (first, last) in out {
         match merged.last_mut() {
-            Some(m) if u64::from(m.last) + 1 == u64::from(r.first) => m.last = r.last,
-            _ => merged.push(r),
+            Some(m) if m.1.checked_add(1) == Some(first) => m.1 = last,
+            _ => merged.push((first, last)),
         }
     }
     merged
+        .into_iter()
+        .map(|(f, l)| S::from_bounds(f, l))
+        .collect()
+}
+
+/// `ranges` (sorted, disjoint) minus `excl`; the result is sorted, disjoint and merged.
+pub(super) fn subtract(ranges: &[AddrRange], excl: &mut [AddrRange]) -> Vec<AddrRange> {
+    subtract_spans(ranges, excl)
 }
 
 /// An inclusive range of IPv6 addresses as integers.
@@ -258,36 +290,5 @@ pub(super) fn parse_any_range(s: &str) -> Result<AnyRange, String> {
 
 /// [`subtract`] for IPv6 ranges.
 pub(super) fn subtract6(ranges: &[Range6], excl: &mut [Range6]) -> Vec<Range6> {
-    excl.sort();
-    let mut out: Vec<Range6> = Vec::new();
-    for r in ranges {
-        let mut cur = Some(*r);
-        for e in excl.iter() {
-            let Some(c) = cur else { break };
-            if e.last < c.first || e.first > c.last {
-                continue;
-            }
-            if e.first > c.first {
-                out.push(Range6 {
-                    first: c.first,
-                    last: e.first - 1,
-                });
-            }
-            cur = (e.last < c.last).then(|| Range6 {
-                first: e.last + 1,
-                last: c.last,
-            });
-        }
-        if let Some(c) = cur {
-            out.push(c);
-        }
-    }
-    let mut merged: Vec<Range6> = Vec::with_capacity(out.len());
-    for r in out {
-        match merged.last_mut() {
-            Some(m) if m.last.checked_add(1) == Some(r.first) => m.last = r.last,
-            _ => merged.push(r),
-        }
-    }
-    merged
+    subtract_spans(ranges, excl)
 }
