@@ -5,7 +5,8 @@
 //! Per interface, `ipv4.ipAddress[0]` is the primary ipconfig (the node's own address) and is
 //! never handed out; the other entries are the secondary addresses that make up the pool.
 //! IPv6 addresses are listed the same way under `ipv6.ipAddress[]`: the first of each
-//! interface is the node's own, the others are secondaries.
+//! interface is the node's own, the others are secondaries; a pool with `family = "ipv6"`
+//! serves those.
 //!
 //! Only a complete read is acted on: a non-200 status, a body cut short, JSON that does not
 //! parse, an unparsable address, or a document with no interface (IMDS always lists the
@@ -21,7 +22,7 @@
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     str::FromStr,
     time::Duration,
 };
@@ -35,7 +36,7 @@ use hyper_util::{
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam};
+use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam, state::MetaPool};
 
 /// Largest metadata document accepted (a NIC has at most 256 addresses: a few tens of KiB).
 const MAX_BODY: usize = 1 << 20;
@@ -260,22 +261,26 @@ pub async fn run(
     fetcher: Fetcher,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let Some(idx) = ipam.with_state(|st| st.metadata_pool(&pool)) else {
+    let Some(idx) = ipam.with_state(|st| st.metadata_target(&pool)) else {
         tracing::error!(pool, "not a metadata pool; its poller does not run");
         return;
     };
     let mut schedule = Schedule::new(spec.refresh_min, spec.refresh_max);
-    let mut refused_before: Vec<(Ipv4Addr, String)> = Vec::new();
+    let mut refused_before: Vec<(IpAddr, String)> = Vec::new();
     loop {
         let (result, delay, err) = match fetcher.fetch(&spec).await {
             Ok(body) => match parse(&body) {
                 Ok(parsed) => {
                     let now = ipam.now_ms();
                     let change = ipam.with_state(|st| {
-                        let c = st.apply_metadata(idx, &parsed.secondary, now);
+                        let c =
+                            st.apply_metadata_read(idx, &parsed.secondary, &parsed.secondary6, now);
                         st.set_metadata_status(idx, |m| {
                             m.last_success_ms = Some(now);
-                            m.primaries = parsed.primaries.len() as u64;
+                            m.primaries = match idx {
+                                MetaPool::V4(_) => parsed.primaries.len(),
+                                MetaPool::V6(_) => parsed.primaries6.len(),
+                            } as u64;
                         });
                         c
                     });
@@ -285,7 +290,10 @@ pub async fn run(
                             pool,
                             added = ?change.added,
                             removed = ?change.removed,
-                            addresses = parsed.secondary.len(),
+                            addresses = match idx {
+                                MetaPool::V4(_) => parsed.secondary.len(),
+                                MetaPool::V6(_) => parsed.secondary6.len(),
+                            },
                             "metadata changed"
                         );
                     }

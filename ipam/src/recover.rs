@@ -196,8 +196,12 @@ pub async fn recover(
         match fetcher.fetch(spec).await {
             Ok(body) => match imds::parse(&body) {
                 Ok(parsed) => {
-                    for a in parsed.secondary {
-                        listed.entry(a.into()).or_insert_with(|| p.name.clone());
+                    let read: Vec<IpAddr> = match p.family {
+                        Family::Ipv4 => parsed.secondary.into_iter().map(IpAddr::from).collect(),
+                        Family::Ipv6 => parsed.secondary6.into_iter().map(IpAddr::from).collect(),
+                    };
+                    for a in read {
+                        listed.entry(a).or_insert_with(|| p.name.clone());
                     }
                 }
                 Err(e) => report

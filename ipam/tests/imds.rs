@@ -411,3 +411,140 @@ async fn a_metadata_pool_waits_for_its_first_read() {
     ));
     d.shutdown().await;
 }
+
+/// A metadata document whose interface lists `secondary6` after its own IPv6 address.
+fn doc6(secondary6: &[&str]) -> String {
+    let ips: Vec<String> = std::iter::once("fd00:8::5")
+        .chain(secondary6.iter().copied())
+        .map(|s| format!(r#"{{"privateIpAddress":"{s}"}}"#))
+        .collect();
+    format!(
+        r#"{{"interface":[{{"ipv4":{{"ipAddress":[{{"privateIpAddress":"10.0.8.5"}},{{"privateIpAddress":"10.0.8.6"}}]}},"ipv6":{{"ipAddress":[{}]}},"macAddress":"000D3A328570"}}]}}"#,
+        ips.join(",")
+    )
+}
+
+fn alloc6(c: &str) -> Request {
+    match alloc(c) {
+        Request::Allocate { key, pod, .. } => Request::Allocate {
+            key,
+            pod,
+            pool: Some("nic".into()),
+            host_veth: None,
+            families: Some(vec![aliasnet_ipam_proto::Family::Ipv6]),
+        },
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_metadata_pool_follows_the_ipv6_secondaries() {
+    use std::net::Ipv6Addr;
+    let v6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+    let fake: Shared = Arc::default();
+    set(&fake, doc6(&["fd00:8::6", "fd00:8::7", "fd00:8::99"]));
+    let addr = serve_fake(fake.clone()).await;
+    let env = Env::new(
+        "cooldown = \"1s\"",
+        &format!(
+            "cidrs = [\"10.240.0.0/30\"]\n[[pool]]\nname = \"nic\"\nsource = \"azure-imds\"\n\
+             family = \"ipv6\"\n\
+             url = \"http://{addr}/metadata/instance/network?api-version=2021-02-01\"\n\
+             refresh_min = \"100ms\"\nrefresh_max = \"400ms\"\ntimeout = \"1s\"\n\
+             exclude = [\"fd00:8::99\", \"10.0.8.6\"]"
+        ),
+    );
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+
+    // The IPv6 secondaries, without the interface's own address, the IPv4 ones or the
+    // excluded one.
+    let s = eventually(5, "the first read", || async {
+        let s = nic(&socket).await;
+        (s.total == 2).then_some(s)
+    })
+    .await;
+    assert_eq!(s.family, aliasnet_ipam_proto::Family::Ipv6);
+    assert_eq!(s.metadata.as_ref().map(|m| m.primaries), Some(1), "{s:?}");
+    let mut got = Vec::new();
+    for c in ["a", "b"] {
+        match call(&socket, alloc6(c)).await.unwrap() {
+            Response::Allocated { lease, more } => {
+                assert!(more.is_empty());
+                got.push(lease.address);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    got.sort();
+    assert_eq!(got, [v6("fd00:8::6"), v6("fd00:8::7")]);
+    assert!(matches!(
+        call(&socket, alloc6("c")).await,
+        Err(aliasnet_ipam_proto::ClientError::Refused {
+            kind: ErrorKind::PoolExhausted,
+            ..
+        })
+    ));
+
+    // New addresses are usable at once; then a leased one and a free one disappear.
+    set(
+        &fake,
+        doc6(&["fd00:8::6", "fd00:8::7", "fd00:8::8", "fd00:8::9"]),
+    );
+    eventually(5, "::8 and ::9 to appear", || async {
+        (nic(&socket).await.free == 2).then_some(())
+    })
+    .await;
+    set(&fake, doc6(&["fd00:8::6", "fd00:8::8"]));
+    let s = eventually(5, "::7 to go missing and ::9 to leave", || async {
+        let s = nic(&socket).await;
+        (s.missing == 1 && s.total == 2).then_some(s)
+    })
+    .await;
+    assert_eq!((s.allocated, s.free), (2, 1), "{s:?}");
+    let holder = if got[0] == v6("fd00:8::7") { "a" } else { "b" };
+    let Response::Lease { lease: Some(l), .. } = call(&socket, Request::Check { key: key(holder) })
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(l.missing && l.address == v6("fd00:8::7"), "{l:?}");
+
+    // Released, cooled down: still not handed out, as it is not listed.
+    release(&socket, holder, None).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let Response::Allocated { lease, .. } = call(&socket, alloc6("d")).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(lease.address, v6("fd00:8::8"));
+    assert!(matches!(
+        call(&socket, alloc6("e")).await,
+        Err(aliasnet_ipam_proto::ClientError::Refused {
+            kind: ErrorKind::PoolExhausted,
+            ..
+        })
+    ));
+    let s = nic(&socket).await;
+    assert_eq!((s.missing, s.free, s.cooling), (0, 0, 0), "{s:?}");
+
+    // Listed again: usable again; the leases survive a restart.
+    set(&fake, doc6(&["fd00:8::6", "fd00:8::7", "fd00:8::8"]));
+    eventually(5, "::7 to return", || async {
+        (nic(&socket).await.free == 1).then_some(())
+    })
+    .await;
+    let Response::Allocated { lease, .. } = call(&socket, alloc6("e")).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(lease.address, v6("fd00:8::7"));
+    d.shutdown().await;
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let s = eventually(5, "the first read after the restart", || async {
+        let s = nic(&socket).await;
+        (s.total == 3).then_some(s)
+    })
+    .await;
+    assert_eq!((s.allocated, s.free, s.missing), (3, 0, 0), "{s:?}");
+    d.shutdown().await;
+}

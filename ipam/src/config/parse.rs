@@ -66,6 +66,8 @@ pub(super) struct RawPool {
     pub(super) refresh_max: Option<String>,
     #[serde(default)]
     pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) family: Option<String>,
 }
 
 fn default_socket() -> PathBuf {

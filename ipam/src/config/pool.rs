@@ -73,7 +73,8 @@ pub struct PoolSpec {
     pub description: String,
     /// Exclusions (metadata pools apply them to the addresses they read).
     pub exclude: Vec<AddrRange>,
-    /// IPv6 exclusions (already applied to `ranges6`).
+    /// IPv6 exclusions (already applied to `ranges6`; IPv6 metadata pools apply them to the
+    /// addresses they read).
     pub exclude6: Vec<Range6>,
     /// Set for `azure-imds` pools (which have no `ranges`).
     pub imds: Option<ImdsSpec>,
@@ -82,6 +83,13 @@ pub struct PoolSpec {
 impl PoolSpec {
     pub fn is_excluded(&self, addr: u32) -> bool {
         self.exclude
+            .iter()
+            .any(|r| r.first <= addr && addr <= r.last)
+    }
+
+    /// Whether an IPv6 exclusion covers `addr` (metadata pools apply them to what they read).
+    pub fn is_excluded6(&self, addr: u128) -> bool {
+        self.exclude6
             .iter()
             .any(|r| r.first <= addr && addr <= r.last)
     }
@@ -118,7 +126,7 @@ pub(super) fn build_pool(
         }
     };
     // Keys that belong to another source are refused rather than ignored.
-    let given: [(&str, bool); 8] = [
+    let given: [(&str, bool); 9] = [
         ("cidrs", !rp.cidrs.is_empty()),
         ("ranges", !rp.ranges.is_empty()),
         ("ips", !rp.ips.is_empty()),
@@ -127,11 +135,12 @@ pub(super) fn build_pool(
         ("refresh_min", rp.refresh_min.is_some()),
         ("refresh_max", rp.refresh_max.is_some()),
         ("timeout", rp.timeout.is_some()),
+        ("family", rp.family.is_some()),
     ];
     let allowed: &[&str] = match source {
         PoolSource::Static => &["cidrs", "ranges", "ips"],
         PoolSource::Prefixes => &["prefixes"],
-        PoolSource::AzureImds => &["url", "refresh_min", "refresh_max", "timeout"],
+        PoolSource::AzureImds => &["url", "refresh_min", "refresh_max", "timeout", "family"],
     };
     if let Some((k, _)) = given.iter().find(|(k, g)| *g && !allowed.contains(k)) {
         return Err((
@@ -153,6 +162,11 @@ pub(super) fn build_pool(
         if any {
             return build_pool6(name, source, rp, warnings);
         }
+    }
+    if source == PoolSource::AzureImds
+        && metadata_family(rp).map_err(|m| (at("family"), m))? == Family::Ipv6
+    {
+        return build_imds6(name, rp, warnings);
     }
     let mut excl: Vec<AddrRange> = Vec::new();
     for (j, s) in rp.exclude.iter().enumerate() {
@@ -377,6 +391,55 @@ fn build_pool6(
         exclude: Vec::new(),
         exclude6,
         imds: None,
+    })
+}
+
+/// The family an `azure-imds` pool serves: `family`, IPv4 unless set.
+fn metadata_family(rp: &RawPool) -> Result<Family, String> {
+    match rp.family.as_deref().map(str::trim) {
+        None | Some("ipv4") => Ok(Family::Ipv4),
+        Some("ipv6") => Ok(Family::Ipv6),
+        Some(other) => Err(format!(
+            "unknown family {other:?}; expected \"ipv4\" or \"ipv6\""
+        )),
+    }
+}
+
+/// An `azure-imds` pool of the interfaces' IPv6 secondaries (`ipv6.ipAddress[1..]`).
+fn build_imds6(
+    name: &str,
+    rp: &RawPool,
+    warnings: &mut Vec<String>,
+) -> Result<PoolSpec, (String, String)> {
+    let at = |field: &str| format!("pool '{name}'.{field}");
+    let mut exclude6: Vec<Range6> = Vec::new();
+    for (j, s) in rp.exclude.iter().enumerate() {
+        let r = if s.contains('/') {
+            parse_any_cidr(s)
+        } else {
+            parse_any_ip(s)
+        }
+        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+        match r {
+            AnyRange::V6(r) => exclude6.push(r),
+            AnyRange::V4(_) => warnings.push(format!(
+                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
+            )),
+        }
+    }
+    exclude6.sort();
+    let imds = build_imds(rp).map_err(|(f, m)| (at(&f), m))?;
+    Ok(PoolSpec {
+        name: name.to_owned(),
+        source: PoolSource::AzureImds,
+        family: Family::Ipv6,
+        ranges: Vec::new(),
+        ranges6: Vec::new(),
+        size: 0,
+        description: format!("IPv6 metadata from {}", imds.url),
+        exclude: Vec::new(),
+        exclude6,
+        imds: Some(imds),
     })
 }
 

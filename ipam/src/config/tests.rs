@@ -1,4 +1,7 @@
-use std::{net::Ipv4Addr, path::Path};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use super::*;
 
@@ -179,6 +182,15 @@ fn prefix_and_metadata_pools() {
     assert_eq!(imds.refresh_min, Duration::from_secs(4));
     assert_eq!(imds.refresh_max, Duration::from_secs(1024));
     assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9))));
+    let six = parse(
+        "[[pool]]\nname=\"nic6\"\nsource=\"azure-imds\"\nfamily=\"ipv6\"\n\
+         exclude=[\"fd00:8::99\", \"10.1.0.9\"]\n",
+    )
+    .unwrap();
+    assert_eq!(six.pools[0].family, aliasnet_ipam_proto::Family::Ipv6);
+    assert!(six.pools[0].is_excluded6(u128::from("fd00:8::99".parse::<Ipv6Addr>().unwrap())));
+    assert!(six.pools[0].exclude.is_empty() && six.pools[0].imds.is_some());
+    assert_eq!(six.warnings.len(), 1, "{:?}", six.warnings);
     let d = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
     assert_eq!(d.metrics_address, Some("127.0.0.1:9545".parse().unwrap()));
     assert_eq!(d.reconcile_grace, DEFAULT_RECONCILE_GRACE);
@@ -218,6 +230,18 @@ fn invalid_new_keys_name_the_field() {
             "refresh_max",
         ),
         (p("azure-imds", "timeout=\"0s\""), "timeout"),
+        (
+            p("azure-imds", "family=\"ipv5\""),
+            "'p'.family`: unknown family",
+        ),
+        (
+            p("static", "ips=[\"fd00::1\"]\nfamily=\"ipv6\""),
+            "'p'.family`: not used by source \"static\"",
+        ),
+        (
+            p("azure-imds", "family=\"ipv6\"\nexclude=[\"fd00::/200\"]"),
+            "'p'.exclude[0]",
+        ),
         (
             format!(
                 "metrics_address=\"localhost\"\n{}",

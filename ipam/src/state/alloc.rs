@@ -316,7 +316,7 @@ impl State {
                     .cooling
                     .iter()
                     .enumerate()
-                    .find(|(_, (a, _))| !self.holds.contains_key(a))
+                    .find(|(_, (a, _))| pool.is_present(*a) && !self.holds.contains_key(a))
                 {
                     if best.is_none_or(|(t, _, _)| at < t) {
                         best = Some((at, q, pos));
@@ -357,7 +357,7 @@ impl State {
                         self.reused.remove(&a);
                         pool.push_cooling(a, at);
                     }
-                    None => pool.put(a),
+                    None => pool.make_free(a),
                 }
             }
         }
@@ -422,12 +422,18 @@ impl State {
             .iter()
             .map(|&q| self.pools6[q].cooling_count())
             .sum();
+        let unsynced = eligible
+            .iter()
+            .any(|&q| self.pools6[q].dynamic() && !self.pools6[q].synced);
         let mut msg = eligible
             .iter()
             .map(|&q| self.pools6[q].usage(self.cooldown, now_ms))
             .collect::<Vec<_>>()
             .join("; ");
-        if cooling > 0 {
+        if unsynced {
+            msg.push_str(". Retry once the metadata has been read");
+            Refusal::new(ErrorKind::Unavailable, msg)
+        } else if cooling > 0 {
             let _ = write!(
                 msg,
                 ". The {cooling} cooling addresses were released less than {}s ago and are kept \

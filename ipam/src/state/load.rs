@@ -9,6 +9,7 @@ use crate::{config::Config, lease::Addr, reconcile::is_ours, store::Loaded};
 use super::{
     ms,
     pool::{locate_span, Pool, Slot},
+    pool6::Pool6,
     State,
 };
 
@@ -70,6 +71,21 @@ impl State {
                 continue;
             }
             let v4 = u32::try_from(addr).ok();
+            let meta6 = usize::from(recorded)
+                .checked_sub(st.pools.len())
+                .filter(|q| v4.is_none() && st.pools6.get(*q).is_some_and(Pool6::dynamic));
+            if let Some(q) = meta6 {
+                // An IPv6 metadata pool's lease: known from now on, absent until listed.
+                let name = st.name6(q);
+                st.leases.get_mut(id).pool_name = name;
+                let pool = &mut st.pools6[q];
+                if let Some(k) = pool.known.as_mut() {
+                    k.insert(addr, false);
+                }
+                pool.leased += 1;
+                pool.missing += 1;
+                continue;
+            }
             let placed = match v4.and_then(|a| locate_span(&st.spans, a)) {
                 Some(found) => Some(found),
                 None => {

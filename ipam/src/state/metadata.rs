@@ -1,6 +1,9 @@
 //! Metadata (`azure-imds`) pools: applying a read, slots for new addresses.
 
-use std::{collections::HashSet, net::Ipv4Addr};
+use std::{
+    collections::HashSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use aliasnet_ipam_proto::{Lease, MetadataStatus};
 
@@ -13,13 +16,20 @@ use crate::lease::Addr;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct MetadataChange {
     /// Addresses that became usable.
-    pub added: Vec<Ipv4Addr>,
+    pub added: Vec<IpAddr>,
     /// Addresses that left the metadata (free ones left the pool).
-    pub removed: Vec<Ipv4Addr>,
+    pub removed: Vec<IpAddr>,
     /// Leases whose address left the metadata with this read.
     pub missing: Vec<Lease>,
     /// Addresses listed but refused: (address, why).
-    pub refused: Vec<(Ipv4Addr, String)>,
+    pub refused: Vec<(IpAddr, String)>,
+}
+
+/// A metadata pool of either family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaPool {
+    V4(usize),
+    V6(usize),
 }
 
 impl MetadataChange {
@@ -54,11 +64,150 @@ impl State {
             .position(|p| p.dynamic() && p.spec.name == name)
     }
 
+    /// Index of the IPv6 pool named `name` if it is a metadata pool.
+    pub fn metadata_pool6(&self, name: &str) -> Option<usize> {
+        self.pools6
+            .iter()
+            .position(|p| p.dynamic() && p.spec.name == name)
+    }
+
+    /// The metadata pool named `name`, of either family.
+    pub fn metadata_target(&self, name: &str) -> Option<MetaPool> {
+        self.metadata_pool(name)
+            .map(MetaPool::V4)
+            .or_else(|| self.metadata_pool6(name).map(MetaPool::V6))
+    }
+
     /// Record the outcome of a metadata attempt (for Stats).
-    pub fn set_metadata_status(&mut self, pool: usize, f: impl FnOnce(&mut MetadataStatus)) {
-        if let Some(m) = self.pools.get_mut(pool).and_then(|p| p.metadata.as_mut()) {
+    pub fn set_metadata_status(&mut self, pool: MetaPool, f: impl FnOnce(&mut MetadataStatus)) {
+        let m = match pool {
+            MetaPool::V4(p) => self.pools.get_mut(p).and_then(|p| p.metadata.as_mut()),
+            MetaPool::V6(q) => self.pools6.get_mut(q).and_then(|p| p.metadata.as_mut()),
+        };
+        if let Some(m) = m {
             f(m);
         }
+    }
+
+    /// Apply a complete, successful read to metadata pool `pool`: the secondaries of its
+    /// family are taken from `v4` or `v6`.
+    pub fn apply_metadata_read(
+        &mut self,
+        pool: MetaPool,
+        v4: &[Ipv4Addr],
+        v6: &[Ipv6Addr],
+        now_ms: u64,
+    ) -> MetadataChange {
+        match pool {
+            MetaPool::V4(p) => self.apply_metadata(p, v4, now_ms),
+            MetaPool::V6(q) => self.apply_metadata6(q, v6, now_ms),
+        }
+    }
+
+    /// [`State::apply_metadata`] for IPv6 metadata pool `q`: an address newly listed becomes
+    /// free (unless leased, cooling or held); one no longer listed leaves the free set, and a
+    /// leased one is reported missing and stays with its pod.
+    pub fn apply_metadata6(&mut self, q: usize, addrs: &[Ipv6Addr], now_ms: u64) -> MetadataChange {
+        self.expire(now_ms);
+        let mut change = MetadataChange::default();
+        let mut listed: HashSet<u128> = HashSet::with_capacity(addrs.len());
+        // Cooling addresses are not free when they appear: they finish their cooldown first.
+        let mut cooling: HashSet<u128> = self.pools6[q].cooling.iter().map(|(a, _)| *a).collect();
+        for ip in addrs {
+            let a = u128::from(*ip);
+            if self.pools6[q].spec.is_excluded6(a) || !listed.insert(a) {
+                continue;
+            }
+            match self.locate6(a) {
+                Some(r) if r == q => {}
+                Some(r) => {
+                    listed.remove(&a);
+                    change.refused.push((
+                        (*ip).into(),
+                        format!("already in pool '{}'", self.pools6[r].spec.name),
+                    ));
+                    continue;
+                }
+                None => {
+                    let k = self.pools6[q].known.as_ref().map_or(0, |k| k.len());
+                    if k >= MAX_METADATA_ADDRESSES {
+                        listed.remove(&a);
+                        change.refused.push((
+                            (*ip).into(),
+                            format!("the pool tracks {MAX_METADATA_ADDRESSES} addresses at most"),
+                        ));
+                        continue;
+                    }
+                    if self.place_new6(q, a) {
+                        cooling.insert(a);
+                    }
+                }
+            }
+            let leased = self.leases.by_addr(a).is_some();
+            let pool = &mut self.pools6[q];
+            let Some(present) = pool.known.as_mut().and_then(|k| k.get_mut(&a)) else {
+                continue;
+            };
+            if *present {
+                continue;
+            }
+            *present = true;
+            pool.present_count += 1;
+            if leased {
+                pool.missing -= 1;
+            } else if !cooling.contains(&a) && !pool.held.contains(&a) {
+                pool.put(a);
+                change.added.push((*ip).into());
+            }
+        }
+        let gone: Vec<u128> = self.pools6[q]
+            .known
+            .iter()
+            .flatten()
+            .filter(|(a, p)| **p && !listed.contains(*a))
+            .map(|(a, _)| *a)
+            .collect();
+        for a in gone {
+            let pool = &mut self.pools6[q];
+            if let Some(p) = pool.known.as_mut().and_then(|k| k.get_mut(&a)) {
+                *p = false;
+            }
+            pool.present_count -= 1;
+            change.removed.push(Ipv6Addr::from(a).into());
+            if pool.is_free(a) {
+                pool.take(a);
+            } else if let Some(id) = self.leases.by_addr(a) {
+                self.pools6[q].missing += 1;
+                change.missing.push(self.lease_of(id));
+            }
+        }
+        self.pools6[q].synced = true;
+        change
+    }
+
+    /// IPv6 metadata pool `q` learns `a` (absent until the caller marks it): leased if an
+    /// orphaned lease holds it, cooling if it was released before a restart (then true).
+    fn place_new6(&mut self, q: usize, a: u128) -> bool {
+        let name = self.name6(q);
+        let lease = self.leases.by_addr(a);
+        if let Some(id) = lease {
+            self.orphans -= 1;
+            self.leases.get_mut(id).pool_name = name;
+        }
+        let cooled = self.unplaced_cooling.remove(&a);
+        let pool = &mut self.pools6[q];
+        if let Some(k) = pool.known.as_mut() {
+            k.insert(a, false);
+        }
+        if lease.is_some() {
+            pool.leased += 1;
+            // Not present until the caller marks it.
+            pool.missing += 1;
+        } else if let Some(at) = cooled {
+            pool.push_cooling(a, at);
+            return true;
+        }
+        false
     }
 
     /// Apply a complete, successful metadata read of pool `p`: `addrs` are the secondary
@@ -81,7 +230,7 @@ impl State {
                 Some((q, idx)) if q == p => Some(idx),
                 Some((q, _)) => {
                     change.refused.push((
-                        *ip,
+                        (*ip).into(),
                         format!("already in pool '{}'", self.pools[q].spec.name),
                     ));
                     None
@@ -93,7 +242,7 @@ impl State {
                     }
                     None => {
                         change.refused.push((
-                            *ip,
+                            (*ip).into(),
                             format!("the pool tracks {MAX_METADATA_ADDRESSES} addresses at most"),
                         ));
                         None
@@ -111,7 +260,7 @@ impl State {
                 match pool.slots[idx as usize] {
                     Slot::Free => {
                         pool.free.set_free(idx as usize);
-                        change.added.push(*ip);
+                        change.added.push((*ip).into());
                     }
                     Slot::Leased => pool.missing -= 1,
                     Slot::Cooling | Slot::Held => {}
@@ -126,7 +275,7 @@ impl State {
             }
             pool.present[idx as usize] = false;
             pool.present_count -= 1;
-            change.removed.push(Ipv4Addr::from(a));
+            change.removed.push(Ipv4Addr::from(a).into());
             match pool.slots[idx as usize] {
                 Slot::Free => {
                     pool.free.take(idx as usize);

@@ -46,7 +46,7 @@ use crate::{
 };
 
 pub use load::LoadReport;
-pub use metadata::MetadataChange;
+pub use metadata::{MetaPool, MetadataChange};
 use pool::{locate_span, Pool, Slot, Span};
 use pool6::Pool6;
 pub use report::PoolCounts;
@@ -222,11 +222,15 @@ impl State {
         locate_span(&self.spans, a).or_else(|| self.dynamic.get(&a).copied())
     }
 
-    /// IPv6 pool of `addr`.
+    /// IPv6 pool of `addr`: a range of a static pool, or an address a metadata pool has seen.
     fn locate6(&self, addr: Addr) -> Option<usize> {
         let i = self.spans6.partition_point(|s| s.0 <= addr);
-        let &(_, last, q) = self.spans6.get(i.checked_sub(1)?)?;
-        (addr <= last).then_some(q)
+        if let Some(&(_, last, q)) = i.checked_sub(1).and_then(|i| self.spans6.get(i)) {
+            if addr <= last {
+                return Some(q);
+            }
+        }
+        self.pools6.iter().position(|p| p.knows(addr))
     }
 
     /// Index in `names` of IPv6 pool `q`.
@@ -244,6 +248,9 @@ impl State {
         if let Some((p, idx)) = self.locate(e.addr) {
             let pool = &self.pools[p];
             l.missing = pool.dynamic() && pool.synced && !pool.is_present(idx);
+        } else if let Some(q) = self.locate6(e.addr) {
+            let pool = &self.pools6[q];
+            l.missing = pool.dynamic() && pool.synced && !pool.is_present(e.addr);
         }
         l
     }
@@ -275,7 +282,7 @@ impl State {
                 if self.holds.contains_key(&addr) {
                     pool.held.insert(addr);
                 } else {
-                    pool.put(addr);
+                    pool.make_free(addr);
                 }
             }
         }
@@ -322,6 +329,9 @@ impl State {
                     None => match self.locate6(r.addr) {
                         Some(q) => {
                             let pool = &mut self.pools6[q];
+                            if !pool.is_present(r.addr) {
+                                pool.missing -= 1;
+                            }
                             pool.leased -= 1;
                             pool.push_cooling(r.addr, r.released_at_ms);
                         }
@@ -358,7 +368,7 @@ impl State {
                     pool.leased -= 1;
                     match self.reused.remove(&a.addr) {
                         Some(at) => pool.push_cooling(a.addr, at),
-                        None => pool.put(a.addr),
+                        None => pool.make_free(a.addr),
                     }
                     return;
                 }
@@ -401,7 +411,7 @@ impl State {
             if let Some(q) = self.locate6(addr) {
                 let pool = &mut self.pools6[q];
                 if pool.held.remove(&addr) {
-                    pool.put(addr);
+                    pool.make_free(addr);
                 }
                 continue;
             }

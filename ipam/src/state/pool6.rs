@@ -8,6 +8,10 @@
 //! the loaded leases and cooling addresses over the ranges in O(n log n) without a scan of the
 //! prefix. Addresses are handed out round-robin from a moving start, as IPv4 slots are, so a
 //! released address is reused as late as possible.
+//!
+//! An IPv6 metadata pool (`azure-imds` with `family = "ipv6"`) has no ranges: it knows each
+//! address it has seen listed and whether the last good read lists it (*present*). As in an
+//! IPv4 metadata pool, an address is in the free set exactly when it is free and present.
 
 use std::{
     collections::{BTreeMap, HashSet, VecDeque},
@@ -15,6 +19,8 @@ use std::{
     net::Ipv6Addr,
     time::Duration,
 };
+
+use aliasnet_ipam_proto::MetadataStatus;
 
 use crate::config::PoolSpec;
 
@@ -31,6 +37,15 @@ pub(super) struct Pool6 {
     /// Cooldown over, but a host link that routed the address is still being deleted.
     pub(super) held: HashSet<u128>,
     pub(super) leased: usize,
+    /// Metadata pools: every address seen listed -> whether the last good read lists it.
+    pub(super) known: Option<BTreeMap<u128, bool>>,
+    /// Present addresses (metadata pools).
+    pub(super) present_count: usize,
+    /// Leased addresses that are not present (metadata pools).
+    pub(super) missing: usize,
+    /// A metadata read has been applied (metadata pools); until then the pool has no address.
+    pub(super) synced: bool,
+    pub(super) metadata: Option<MetadataStatus>,
 }
 
 impl Pool6 {
@@ -41,6 +56,11 @@ impl Pool6 {
             .iter()
             .fold(0u128, |n, r| n.saturating_add(r.len()));
         let next = spec.ranges6.first().map_or(0, |r| r.first);
+        let dynamic = spec.source.is_dynamic();
+        let metadata = spec.imds.as_ref().map(|i| MetadataStatus {
+            url: i.url.clone(),
+            ..MetadataStatus::default()
+        });
         Self {
             spec,
             free,
@@ -49,11 +69,62 @@ impl Pool6 {
             cooling: VecDeque::new(),
             held: HashSet::new(),
             leased: 0,
+            known: dynamic.then(BTreeMap::new),
+            present_count: 0,
+            missing: 0,
+            synced: false,
+            metadata,
         }
     }
 
-    /// Whether `addr` is one of the pool's usable addresses (exclusions are not).
+    pub(super) fn dynamic(&self) -> bool {
+        self.known.is_some()
+    }
+
+    /// Whether a metadata pool has seen `addr` listed (present or not).
+    pub(super) fn knows(&self, addr: u128) -> bool {
+        self.known.as_ref().is_some_and(|k| k.contains_key(&addr))
+    }
+
+    /// Whether `addr` may be in the free set: always in a static pool, while the last good
+    /// read lists it in a metadata pool.
+    pub(super) fn is_present(&self, addr: u128) -> bool {
+        self.known
+            .as_ref()
+            .is_none_or(|k| k.get(&addr).copied().unwrap_or(false))
+    }
+
+    /// An address (not free) becomes free: into the free set only while present.
+    pub(super) fn make_free(&mut self, addr: u128) {
+        if self.is_present(addr) {
+            self.put(addr);
+        }
+    }
+
+    /// Addresses the pool counts: its ranges, or what the metadata lists now.
+    pub(super) fn size(&self) -> u64 {
+        if self.dynamic() {
+            self.present_count as u64
+        } else {
+            self.spec.size
+        }
+    }
+
+    /// Leased addresses gone from the metadata, as reported: none before the first read.
+    pub(super) fn reported_missing(&self) -> usize {
+        if self.synced {
+            self.missing
+        } else {
+            0
+        }
+    }
+
+    /// Whether `addr` is one of the pool's usable addresses (exclusions are not; in a
+    /// metadata pool, the present ones).
     pub(super) fn contains(&self, addr: u128) -> bool {
+        if let Some(k) = &self.known {
+            return k.get(&addr).copied().unwrap_or(false);
+        }
         let r = &self.spec.ranges6;
         let i = r.partition_point(|r| r.first <= addr);
         i > 0 && addr <= r[i - 1].last
@@ -150,11 +221,22 @@ impl Pool6 {
     }
 
     pub(super) fn usage(&self, cooldown: Duration, now_ms: u64) -> String {
+        if self.dynamic() && !self.synced {
+            let why = self
+                .metadata
+                .as_ref()
+                .and_then(|m| m.last_error.clone())
+                .unwrap_or_else(|| "no answer yet".into());
+            return format!(
+                "pool '{}' ({}) has no addresses yet: no metadata read has succeeded ({why})",
+                self.spec.name, self.spec.description
+            );
+        }
         let mut s = format!(
             "pool '{}' ({}, {} addresses) has no free address: {} allocated, {} cooling",
             self.spec.name,
             self.spec.description,
-            self.spec.size,
+            self.size(),
             self.leased,
             self.cooling_count()
         );
@@ -173,6 +255,13 @@ impl Pool6 {
                 self.held.len()
             );
         }
+        if self.reported_missing() > 0 {
+            let _ = write!(
+                s,
+                ", {} leased addresses gone from the metadata",
+                self.missing
+            );
+        }
         s
     }
 
@@ -187,6 +276,11 @@ impl Pool6 {
                 "{}",
                 Ipv6Addr::from(f)
             );
+            if let Some(k) = &self.known {
+                // Every address of a metadata pool's free interval is present.
+                let present = k.range(f..=l).filter(|(_, p)| **p).count() as u128;
+                assert_eq!(present, l - f + 1, "absent address free");
+            }
             if let Some(p) = prev {
                 assert!(
                     p.checked_add(1).is_some_and(|s| s < f),
@@ -197,5 +291,8 @@ impl Pool6 {
             n = n.saturating_add(l - f + 1);
         }
         assert_eq!(n, self.free_count);
+        if let Some(k) = &self.known {
+            assert_eq!(k.values().filter(|p| **p).count(), self.present_count);
+        }
     }
 }

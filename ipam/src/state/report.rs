@@ -103,7 +103,7 @@ impl State {
 
     /// Names of the configured pools (only the metadata ones with `metadata_only`).
     pub fn pool_names(&self, metadata_only: bool) -> Vec<String> {
-        let v6 = self.pools6.iter().filter(|_| !metadata_only);
+        let v6 = self.pools6.iter().filter(|p| !metadata_only || p.dynamic());
         self.pools
             .iter()
             .filter(|p| !metadata_only || p.dynamic())
@@ -154,13 +154,13 @@ impl State {
                 name: p.spec.name.clone(),
                 family: aliasnet_ipam_proto::Family::Ipv6,
                 source: p.spec.source.to_string(),
-                total: p.spec.size,
+                total: p.size(),
                 allocated: p.leased as u64,
                 cooling: p.cooling_count() as u64,
                 free: p.free_count(),
                 pending_teardown: p.held.len() as u64,
-                missing: 0,
-                metadata: None,
+                missing: p.reported_missing() as u64,
+                metadata: p.metadata.clone(),
             }))
             .collect()
     }
@@ -181,12 +181,12 @@ impl State {
             })
             .chain(self.pools6.iter().map(|p| PoolCounts {
                 name: p.spec.name.clone(),
-                size: p.spec.size,
-                allocated: p.leased as u64,
+                size: p.size(),
+                allocated: (p.leased - p.reported_missing()) as u64,
                 cooling: p.cooling.len() as u64,
                 pending_teardown: p.held.len() as u64,
                 free: p.free_count(),
-                missing: 0,
+                missing: p.reported_missing() as u64,
             }))
             .collect()
     }
@@ -221,7 +221,7 @@ impl State {
                 .fold(0u64, |n, &q| n.saturating_add(self.pools6[q].free_count()));
             let soon = eligible6.iter().any(|&q| {
                 let pl = &self.pools6[q];
-                !pl.held.is_empty() || (reuse && !pl.cooling.is_empty())
+                !pl.held.is_empty() || (reuse && pl.cooling.iter().any(|(a, _)| pl.is_present(*a)))
             });
             let mut r = self.exhausted6(&eligible6, now_ms);
             r.message = format!("family ipv6: {}", r.message);

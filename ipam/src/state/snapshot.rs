@@ -83,6 +83,7 @@ impl State {
         let mut leased_per_pool = vec![0usize; self.pools.len()];
         let mut missing_per_pool = vec![0usize; self.pools.len()];
         let mut leased6 = vec![0usize; self.pools6.len()];
+        let mut missing6 = vec![0usize; self.pools6.len()];
         let mut orphans = 0;
         let mut n = 0;
         for (id, e) in self.leases.iter() {
@@ -91,6 +92,7 @@ impl State {
             assert_eq!(self.leases.find(e.key(), e.family()), Some(id), "key index");
             if let Some(q) = self.locate6(e.addr) {
                 leased6[q] += 1;
+                missing6[q] += usize::from(!self.pools6[q].is_present(e.addr));
                 assert!(!self.pools6[q].is_free(e.addr), "leased and free");
                 continue;
             }
@@ -116,6 +118,7 @@ impl State {
         }
         for (q, pool) in self.pools6.iter().enumerate() {
             assert_eq!(pool.leased, leased6[q], "pool {}", pool.spec.name);
+            assert_eq!(pool.missing, missing6[q], "pool {}", pool.spec.name);
             pool.check();
             for (a, _) in &pool.cooling {
                 assert!(!pool.is_free(*a) && self.leases.by_addr(*a).is_none());
