@@ -13,15 +13,18 @@
 //! The old state directory is moved aside (`<state_dir>.broken-<unix ms>`), never
 //! deleted. Release times are lost with the old state, so every address that is not leased
 //! is put in cooldown from now (unless `--no-cooldown`): no address is reused while a
-//! connection of a pod deleted shortly before the crash could still point at it. IPv6 pools
-//! are not enumerated (a /64 has 2^64 addresses): their unleased addresses are not put in
-//! cooldown (metadata-listed IPv6 addresses are).
+//! connection of a pod deleted shortly before the crash could still point at it. An IPv6 pool
+//! is walked in the order its round-robin hands addresses out after the restart (from right
+//! after its highest recovered lease, wrapping around) and at most [`MAX_COOL6`] of its
+//! unleased addresses are put in cooldown: every one of a /112, and in a delegated /80 or /64
+//! (never enumerated) the next ones the allocator would reach, which is where the addresses of
+//! pods allocated after the last surviving one lie.
 //!
 //! Addresses of `azure-imds` pools are matched against one metadata read per pool; an address
 //! no pool claims is kept as a lease anyway (never handed out, reported at start).
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
@@ -34,7 +37,7 @@ use netlink_packet_route::{
 };
 
 use crate::{
-    config::{Config, PoolSource, PoolSpec},
+    config::{Config, PoolSource, PoolSpec, Range6},
     imds,
     lease::{encode_data, ip_addr, Addr},
     reconcile::is_ours,
@@ -66,6 +69,48 @@ pub enum RecoverError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Most unleased addresses of one IPv6 pool put in cooldown by `recover` (all of a /112).
+pub const MAX_COOL6: usize = 1 << 16;
+
+/// The unleased addresses of an IPv6 pool (`ranges`, sorted) that `recover` puts in cooldown:
+/// in the order the daemon hands them out after loading the recovered leases (from right after
+/// the highest of `leased`, wrapping to the first range), at most [`MAX_COOL6`].
+pub fn cooldown6(ranges: &[Range6], leased: &BTreeSet<u128>) -> Vec<u128> {
+    let start = leased
+        .last()
+        .and_then(|a| a.checked_add(1))
+        .or(ranges.first().map(|r| r.first))
+        .unwrap_or(0);
+    let mut out = Vec::new();
+    // Addresses at or after `start`, then the ones before it.
+    let parts = ranges
+        .iter()
+        .filter(|r| r.last >= start)
+        .map(|r| (r.first.max(start), r.last))
+        .chain(
+            ranges
+                .iter()
+                .filter(|r| r.first < start)
+                .map(|r| (r.first, r.last.min(start - 1))),
+        );
+    for (first, last) in parts {
+        let mut a = first;
+        loop {
+            if out.len() == MAX_COOL6 {
+                return out;
+            }
+            if !leased.contains(&a) {
+                out.push(a);
+            }
+            if a == last {
+                break;
+            }
+            a += 1;
+        }
+    }
+    out
 }
 
 /// Options of the `recover` command.
@@ -271,7 +316,21 @@ pub async fn recover(
         report.leases.push((ip, veth, pool));
     }
     if !opts.no_cooldown {
-        // IPv4 pools only: an IPv6 pool's ranges are not enumerated.
+        for p in static_pools.iter().filter(|p| p.family == Family::Ipv6) {
+            let mine: BTreeSet<u128> = leased
+                .iter()
+                .filter(|a| p.ranges6.iter().any(|r| r.first <= **a && **a <= r.last))
+                .copied()
+                .collect();
+            for addr in cooldown6(&p.ranges6, &mine) {
+                w.cooling(CoolRec {
+                    addr,
+                    released_at_ms: now,
+                    teardown: None,
+                });
+                report.cooling += 1;
+            }
+        }
         for p in &static_pools {
             for r in &p.ranges {
                 for a in r.first..=r.last {
@@ -338,4 +397,40 @@ pub async fn recover(
         source,
     })?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(first: u128, last: u128) -> Range6 {
+        Range6 { first, last }
+    }
+
+    #[test]
+    fn cooldown6_walks_in_allocation_order_and_stops_at_the_cap() {
+        let set = |v: &[u128]| v.iter().copied().collect::<BTreeSet<u128>>();
+        // From after the highest lease, wrapping to the first range; leases skipped.
+        let ranges = [r(0x10, 0x13), r(0x20, 0x21)];
+        assert_eq!(
+            cooldown6(&ranges, &set(&[0x11, 0x12])),
+            [0x13, 0x20, 0x21, 0x10]
+        );
+        assert_eq!(
+            cooldown6(&ranges, &set(&[])),
+            [0x10, 0x11, 0x12, 0x13, 0x20, 0x21]
+        );
+        assert_eq!(
+            cooldown6(&ranges, &set(&[0x21])),
+            [0x10, 0x11, 0x12, 0x13, 0x20]
+        );
+        // A /64: the next MAX_COOL6 addresses only.
+        let base = 0x2001_0db8_0001_0002u128 << 64;
+        let big = cooldown6(&[r(base, base + u128::from(u64::MAX))], &set(&[base + 5]));
+        assert_eq!(big.len(), MAX_COOL6);
+        assert_eq!(
+            (big[0], big[MAX_COOL6 - 1]),
+            (base + 6, base + 5 + MAX_COOL6 as u128)
+        );
+    }
 }

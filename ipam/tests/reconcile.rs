@@ -354,3 +354,60 @@ async fn a_recovered_veth_holds_one_lease_per_family() {
     );
     d.shutdown().await;
 }
+
+/// `recover` on a dual-stack node: the unleased addresses of an IPv6 /112 cool down as an
+/// IPv4 pool's do, and in a delegated /64 the 65,536 the round-robin reaches next do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recover_cools_unleased_ipv6_addresses() {
+    use std::net::{IpAddr, Ipv6Addr};
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let env = Env::new(
+        "",
+        "cidrs = [\"10.240.0.0/30\"]\n[[pool]]\nname = \"v6\"\nsource = \"static\"\n\
+         cidrs = [\"fd00:240::/112\"]\n[[pool]]\nname = \"blocks6\"\nsource = \"prefixes\"\n\
+         prefixes = [\"2001:db8:1:2::/64\"]",
+    );
+    // x is dual-stack; y routes a second /128 (skipped, so cooled); z is in the /64.
+    let routes = vec![
+        (ip("10.240.0.1"), veth("x")),
+        (ip("fd00:240::7"), veth("x")),
+        (ip("fd00:240::9"), veth("y")),
+        (ip("fd00:240::a"), veth("y")),
+        (ip("2001:db8:1:2::5"), veth("z")),
+    ];
+    let rep = recover::recover(&env.config, routes, Options::default())
+        .await
+        .unwrap();
+    assert_eq!((rep.leases.len(), rep.skipped.len()), (4, 1), "{rep:?}");
+    assert_eq!(rep.cooling, 3 + (65_536 - 2) + 65_536);
+
+    let d = env.start(Arc::new(Recorder::default())).await;
+    let socket = env.socket();
+    let (pools, _) = stats(&socket).await;
+    let counts: Vec<_> = pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.allocated, p.cooling, p.free))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("secondary", 1, 3, 0),
+            ("v6", 2, 65_534, 0),
+            ("blocks6", 1, 65_536, u64::MAX - 65_536)
+        ]
+    );
+    // The /112 only cools; the /64 hands out the first address past the cooled window.
+    let req = Request::Allocate {
+        key: key("new"),
+        pod: PodRef::default(),
+        pool: None,
+        host_veth: None,
+        families: Some(vec![aliasnet_ipam_proto::Family::Ipv6]),
+    };
+    let Ok(Response::Allocated { lease, .. }) = call(&socket, req).await else {
+        panic!()
+    };
+    let window_end = u128::from("2001:db8:1:2::5".parse::<Ipv6Addr>().unwrap()) + 65_536;
+    assert_eq!(lease.address, IpAddr::V6(Ipv6Addr::from(window_end + 1)));
+    d.shutdown().await;
+}
