@@ -8,7 +8,10 @@ use std::{net::IpAddr, sync::Arc};
 use aliasnet_ipam_proto::{Client, ErrorKind, Family, LeaseRef, PodRef, Request, Response};
 use common::*;
 
-const V6_POOL: &str = "[[pool]]\nname = \"v6\"\nsource = \"static\"\ncidrs = [\"fd00:240::/126\"]";
+// Four addresses from fd00:240:: (a `cidrs` /126 would leave out its subnet-router anycast
+// address, fd00:240::).
+const V6_POOL: &str =
+    "[[pool]]\nname = \"v6\"\nsource = \"static\"\nranges = [\"fd00:240::-fd00:240::3\"]";
 
 fn env() -> Env {
     Env::new(

@@ -311,6 +311,8 @@ fn build_pool6(
     let at = |field: &str| format!("pool '{name}'.{field}");
     let mut parts: Vec<(Range6, String)> = Vec::new();
     let mut v4: Option<String> = None;
+    // Subnet-router anycast addresses (RFC 4291 2.6.1) of the `cidrs`.
+    let mut anycast: Vec<Range6> = Vec::new();
     type Parse = fn(&str) -> Result<AnyRange, String>;
     let lists: [(&str, &Vec<String>, Parse); 4] = [
         ("cidrs", &rp.cidrs, parse_any_cidr),
@@ -322,7 +324,21 @@ fn build_pool6(
         for (j, s) in list.iter().enumerate() {
             let what = format!("{field}[{j}]");
             match parse(s).map_err(|m| (at(&what), m))? {
-                AnyRange::V6(r) => parts.push((r, format!("{what} {s:?}"))),
+                AnyRange::V6(r) => {
+                    // A `cidrs` entry is a subnet: its all-zero host address is the
+                    // subnet-router anycast address, which a router (the kernel, with
+                    // forwarding on, for a prefix on one of its interfaces) answers itself, so
+                    // a pod must never hold it. Not for /127 and /128 (RFC 6164; the kernel
+                    // does not join it there either), nor for delegated `prefixes`, which are
+                    // routed to the node whole.
+                    if field == "cidrs" && r.len() > 2 {
+                        anycast.push(Range6 {
+                            first: r.first,
+                            last: r.first,
+                        });
+                    }
+                    parts.push((r, format!("{what} {s:?}")));
+                }
                 AnyRange::V4(_) => {
                     v4.get_or_insert(format!("{what} {s:?}"));
                 }
@@ -369,6 +385,7 @@ fn build_pool6(
         }
     }
     let exclude6 = excl.clone();
+    excl.extend(anycast);
     let ranges6 = subtract6(
         &parts.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
         &mut excl,

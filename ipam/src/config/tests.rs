@@ -312,3 +312,44 @@ fn cidr_messages_name_the_mistake() {
     assert_eq!(whole("10.0.0.7/32"), "10.0.0.7");
     assert_eq!(whole("0.0.0.0/0"), "0.0.0.0-255.255.255.255");
 }
+
+#[test]
+fn ipv6_cidrs_skip_the_subnet_router_anycast_address_and_prefixes_do_not() {
+    let v6 = |s: &str| u128::from(s.parse::<Ipv6Addr>().unwrap());
+    let one = |body: &str| {
+        let c = parse(&format!("[[pool]]\nname=\"p\"\n{body}\n")).unwrap();
+        c.pools.into_iter().next().unwrap()
+    };
+    // Each CIDR's all-zero host address is left out; listed ranges and ips are not touched.
+    let p = one(
+        "source=\"static\"\ncidrs=[\"fd00:240::/112\", \"fd00:241::/126\"]\n\
+         ranges=[\"fd00:250::-fd00:250::3\"]\nips=[\"fd00:260::\"]",
+    );
+    assert_eq!(p.size, 65_535 + 3 + 4 + 1);
+    let first: Vec<u128> = p.ranges6.iter().map(|r| r.first).collect();
+    assert_eq!(
+        first,
+        [
+            v6("fd00:240::1"),
+            v6("fd00:241::1"),
+            v6("fd00:250::"),
+            v6("fd00:260::")
+        ]
+    );
+    // /127 and /128 have no subnet-router anycast address (RFC 6164).
+    assert_eq!(one("source=\"static\"\ncidrs=[\"fd00:240::/127\"]").size, 2);
+    assert_eq!(
+        one("source=\"static\"\ncidrs=[\"fd00:240::7/128\"]").size,
+        1
+    );
+    // A delegated prefix is routed to the node whole: every address is usable.
+    let d = one("source=\"prefixes\"\nprefixes=[\"2001:db8:1:2:3::/80\", \"fd00:9::/112\"]");
+    assert_eq!(d.size, (1 << 48) + 65_536);
+    assert_eq!(d.ranges6[0].first, v6("2001:db8:1:2:3::"));
+    assert_eq!(d.ranges6[1].first, v6("fd00:9::"));
+    // An exclusion of the anycast address as well is harmless.
+    let e = one(
+        "source=\"static\"\ncidrs=[\"fd00:240::/120\"]\nexclude=[\"fd00:240::\", \"fd00:240::ff\"]",
+    );
+    assert_eq!(e.size, 254);
+}

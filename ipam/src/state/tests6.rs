@@ -136,7 +136,8 @@ fn dual_stack_allocates_one_address_per_family_in_one_commit() {
     let l = alloc(&mut st, "a", None, 5).unwrap();
     assert_eq!(l.len(), 2);
     assert_eq!(l[0].address, IpAddr::from([10, 0, 0, 0]));
-    assert_eq!(l[1].address, v6("fd00:240::"));
+    // The subnet-router anycast address fd00:240:: is never handed out.
+    assert_eq!(l[1].address, v6("fd00:240::1"));
     assert_eq!(l[1].pool, "v6");
     assert_eq!(l[0].allocated_at_ms, l[1].allocated_at_ms);
     // Idempotent: the same leases back.
@@ -149,7 +150,7 @@ fn dual_stack_allocates_one_address_per_family_in_one_commit() {
     // One family only.
     let b = alloc(&mut st, "b", Some(&[Family::Ipv6]), 7).unwrap();
     assert_eq!(b.len(), 1);
-    assert_eq!(b[0].address, v6("fd00:240::1"));
+    assert_eq!(b[0].address, v6("fd00:240::2"));
     let c = alloc(&mut st, "c", Some(&[Family::Ipv4]), 7).unwrap();
     assert_eq!(c[0].address, IpAddr::from([10, 0, 0, 1]));
     // A key holding one family cannot silently grow another.
@@ -162,15 +163,15 @@ fn dual_stack_allocates_one_address_per_family_in_one_commit() {
         vec![
             IpAddr::from([10, 0, 0, 0]),
             IpAddr::from([10, 0, 0, 1]),
-            v6("fd00:240::"),
-            v6("fd00:240::1")
+            v6("fd00:240::1"),
+            v6("fd00:240::2")
         ]
     );
     let (page, next) = st.list_page(Some(Addr::from(0x0a00_0001u32)), 1, usize::MAX);
-    assert_eq!(page[0].address, v6("fd00:240::"));
+    assert_eq!(page[0].address, v6("fd00:240::1"));
     assert_eq!(
         next,
-        Some(u128::from("fd00:240::".parse::<Ipv6Addr>().unwrap()))
+        Some(u128::from("fd00:240::1".parse::<Ipv6Addr>().unwrap()))
     );
     // Release frees both, reporting the IPv4 address.
     assert_eq!(
@@ -178,13 +179,13 @@ fn dual_stack_allocates_one_address_per_family_in_one_commit() {
         Some((IpAddr::from([10, 0, 0, 0]), 2))
     );
     assert_eq!(st.check(&key("a")).unwrap(), vec![]);
-    assert_eq!(release(&mut st, "b", 9), Some((v6("fd00:240::1"), 1)));
+    assert_eq!(release(&mut st, "b", 9), Some((v6("fd00:240::2"), 1)));
     st.check_invariants();
     let stats = st.stats(10);
     let s6 = stats.iter().find(|p| p.name == "v6").unwrap();
     assert_eq!(
         (s6.family, s6.total, s6.allocated, s6.free),
-        (Family::Ipv6, 4, 0, 4)
+        (Family::Ipv6, 3, 0, 3)
     );
 }
 
@@ -303,7 +304,7 @@ fn an_aborted_dual_stack_allocation_puts_both_addresses_back() {
         st.abort(r);
     }
     st.check_invariants();
-    assert_eq!((free(&mut st, "v4"), free(&mut st, "v6")), (8, 4));
+    assert_eq!((free(&mut st, "v4"), free(&mut st, "v6")), (8, 3));
 }
 
 #[test]
@@ -425,7 +426,7 @@ fn old_state_loads_and_ipv6_leases_survive_restart_and_compaction() {
     // a's IPv6 address still cools down; b's is leased.
     assert_eq!(st2.pools6[0].cooling.len(), 1);
     assert_eq!(st2.pools6[0].leased, 1);
-    assert_eq!(free(&mut st2, "v6"), 2);
+    assert_eq!(free(&mut st2, "v6"), 1);
 
     let g = store.rotate().unwrap();
     let len = store.compaction(g, 45, 100_000).run().unwrap();
@@ -434,7 +435,7 @@ fn old_state_loads_and_ipv6_leases_survive_restart_and_compaction() {
     let (_, mut st3) = reload(&state);
     assert_eq!(st3.list(), before);
     assert_eq!(st3.pools6[0].cooling.len(), 1);
-    assert_eq!(free(&mut st3, "v6"), 2);
+    assert_eq!(free(&mut st3, "v6"), 1);
     st3.check_invariants();
     // The keys are as they were: b's leases are found by key and family.
     let kb = encode_key(&key("b"));
