@@ -66,12 +66,13 @@
  * segments (see AN_SEG_NS) and at least one frame; a burst the pod sets has the same floor.
  * (A larger floor lets a slow class send for hundreds of ms at line rate after idle: 4
  * jumbo frames are 288 ms at 1 Mbit/s, which misleads TCP's RTT estimate.)
- * Forwarded traffic (tbf bulk leaf): bucket of 1 ms, at least 2 frames (a GSO aggregate
- * larger than the bucket is segmented, a frame always fits), refilled a little faster than
- * the class (HTB shapes, see the shaper's Shape), and a drop-tail queue of 25 ms at the
- * rate, at least AN_LEAF_QUEUE_FRAMES frames: room for the window clamp's floor
- * (AN_WND_MIN_FRAMES) plus the bucket, so a clamped sender never overflows it. The class's
- * HTB burst is the model's burst credit on both sides.
+ * Forwarded traffic (tbf bulk leaf): a peak bucket of 1 ms, at least 2 frames (a GSO
+ * aggregate larger than it is segmented, a frame always fits); a bucket that takes all HTB
+ * releases at once, refilled a little faster than the class, so that HTB alone shapes (see
+ * the shaper's Shape); and a drop-tail queue of 25 ms at the rate, at least
+ * AN_LEAF_QUEUE_FRAMES frames: room for the window clamp's floor (AN_WND_MIN_FRAMES) plus
+ * the peak bucket, so a clamped sender never overflows it. The class's HTB burst is the
+ * model's burst credit on both sides.
  */
 #define AN_DEFAULT_BURST_NS 10000000
 #define AN_DEFAULT_BURST_FRAMES 4

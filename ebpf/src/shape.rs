@@ -40,7 +40,7 @@ impl DeviceSizes {
 /// Every size has a floor in frames of the device (MTU + Ethernet header): no bucket, queue
 /// or threshold can be smaller than a packet the device hands the qdisc. Aggregates (GSO from
 /// local senders, GRO from the receive path, up to [`DeviceSizes::aggregate_max`]) are larger
-/// and never refused for their size: the tbf leaf segments one above its bucket into frames,
+/// and never refused for their size: the tbf leaf segments one above its peak bucket into frames,
 /// HTB charges it whole (its tokens go into debt and the class waits that much longer), and
 /// the packet FIFOs count packets. At a rate where one frame takes longer than a time target
 /// (9014 bytes at 1 Mbit/s: 72 ms, against the 25 ms leaf queue) the frame floor wins: the
@@ -60,8 +60,10 @@ impl DeviceSizes {
 /// - Forwarded traffic (to the pod, node uplink): drops are real losses. Above the marking
 ///   threshold ECN-capable packets are CE-marked, and the pod's TCP receive windows are
 ///   clamped to the path plus a short queue (`an_conns`), which bounds any sender, BBR's
-///   startup included. The bulk leaf is a tbf (a 1 ms bucket, at least two frames, so larger
-///   aggregates are segmented and the byte limit holds) that drops beyond 25 ms.
+///   startup included. The bulk leaf is a tbf that drops beyond 25 ms and segments
+///   aggregates above 1 ms (at least two frames; its peak bucket) so that the byte limit holds;
+///   its own bucket takes all HTB releases at once, so it never delays HTB's output: HTB alone
+///   shapes, and the programs' queue model (HTB's rate and burst) is what the class does.
 /// - Local senders (pod egress, on the pod's eth0): above the threshold ECN-capable packets
 ///   are marked and local TCP data is dropped before the qdisc, which the local TCP takes as
 ///   congestion (CWR) and not as a loss. The FIFO leaves hold 25 ms of frames (at least 16
@@ -78,16 +80,27 @@ pub struct Shape {
     pub queue_packets: u32,
     /// bytes a forwarded-traffic leaf (tbf) holds
     pub queue_bytes: u64,
-    /// tbf bucket; larger aggregates are segmented
+    /// The largest packet the tbf leaf passes whole (its peak bucket): larger aggregates are
+    /// segmented, so the byte limit holds and HTB is never handed more than this at once.
     pub leaf_burst_bytes: u64,
+    /// tbf bucket: what HTB releases at once (the class's burst plus one packet over it), so
+    /// that the tbf never holds back HTB's output.
+    pub leaf_bucket_bytes: u64,
     /// tbf rate (bit/s): `LEAF_RATE_HEADROOM` above the class's, so that HTB alone shapes and
     /// the tbf only segments and bounds the queue. Two buckets at the same rate in series
     /// idle each other: measured, L2 99.5 % instead of 100.2 % of the rate at 10 Mbit/s.
     pub leaf_rate: u64,
+    /// tbf peak rate (bit/s), which refills the peak bucket ([`Self::leaf_burst_bytes`]):
+    /// far above the class's, so that only the bucket's size (segmentation) matters.
+    pub leaf_peak_rate: u64,
 }
 
 /// The tbf leaf runs this fraction (1/N) faster than its class.
 const LEAF_RATE_HEADROOM: u64 = 50;
+/// The tbf leaf's peak rate: this many times its class's, and at least `LEAF_PEAK_MIN`
+/// bit/s, so that a frame's worth of it refills in nanoseconds, faster than HTB dequeues.
+const LEAF_PEAK_FACTOR: u64 = 1000;
+const LEAF_PEAK_MIN: u64 = 1_000_000_000_000;
 
 /// Forwarded-traffic leaf queue: this many ms of the rate, at least `LEAF_QUEUE_FRAMES` frames.
 pub const QUEUE_MS: u64 = abi::LEAF_QUEUE_NS / 1_000_000;
@@ -123,6 +136,12 @@ impl Shape {
             }
             Some(b) => (b / 8).clamp(floor, ceiling),
         };
+        let leaf_burst_bytes = at_least(
+            bytes_per_sec,
+            abi::LEAF_BURST_NS,
+            abi::LEAF_BURST_FRAMES,
+            frame,
+        );
         let queue_packets = (at_least(bytes_per_sec, abi::LEAF_QUEUE_NS, 0, frame) / frame)
             .clamp(LOCAL_QUEUE_MIN, LOCAL_QUEUE_MAX) as u32;
         Self {
@@ -136,13 +155,10 @@ impl Shape {
                 abi::LEAF_QUEUE_FRAMES,
                 frame,
             ),
-            leaf_burst_bytes: at_least(
-                bytes_per_sec,
-                abi::LEAF_BURST_NS,
-                abi::LEAF_BURST_FRAMES,
-                frame,
-            ),
+            leaf_burst_bytes,
+            leaf_bucket_bytes: burst_bytes.saturating_add(leaf_burst_bytes),
             leaf_rate: rate.saturating_add(rate / LEAF_RATE_HEADROOM),
+            leaf_peak_rate: rate.saturating_mul(LEAF_PEAK_FACTOR).max(LEAF_PEAK_MIN),
         }
     }
 
@@ -193,6 +209,10 @@ mod tests {
         assert_eq!(ten.leaf_burst_bytes, 2 * 1514);
         assert_eq!(ten.queue_packets, 20);
         assert_eq!(ten.leaf_rate, 10_200_000);
+        // The tbf's bucket takes HTB's burst and one packet over it: it never holds back
+        // what HTB releases (a 2-frame bucket at 1500 bytes did, in series with HTB).
+        assert_eq!(ten.leaf_bucket_bytes, 12_500 + 2 * 1514);
+        assert_eq!(ten.leaf_peak_rate, 1_000_000_000_000);
         // Slow classes keep room for a few frames.
         let slow = Shape::new(1_000_000, None, ETH);
         assert_eq!(slow.queue_bytes, 6 * 1514);
@@ -269,6 +289,11 @@ mod tests {
                         "{what}"
                     );
                     assert!(s.leaf_rate >= rate, "{what}");
+                    assert!(
+                        s.leaf_bucket_bytes >= s.burst_bytes + s.leaf_burst_bytes,
+                        "{what}"
+                    );
+                    assert!(s.leaf_peak_rate > s.leaf_rate, "{what}");
                 }
             }
         }

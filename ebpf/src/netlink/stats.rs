@@ -8,7 +8,10 @@ use netlink_packet_route::{
 };
 
 use super::{
-    tc::{NLA_F_NESTED, NS_PER_TICK, TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_TBF_PARMS, TCA_TBF_RATE64},
+    tc::{
+        NLA_F_NESTED, NS_PER_TICK, TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_TBF_PARMS, TCA_TBF_PRATE64,
+        TCA_TBF_RATE64,
+    },
     NetlinkError, Rtnl,
 };
 
@@ -157,9 +160,18 @@ fn queue_size_of(m: &TcMessage) -> Option<QueueSize> {
             if let Some((_, v)) = attrs.iter().find(|(k, _)| *k == TCA_TBF_RATE64) {
                 rate = u64_of(v)?;
             }
+            let mut bucket_bytes = ticks_to_bytes(u32_at(parms, 28)?, rate);
+            // With a peak rate, the largest packet passed whole is the smaller bucket.
+            let mut peak = u64::from(u32_at(parms, 20)?);
+            if peak != 0 {
+                if let Some((_, v)) = attrs.iter().find(|(k, _)| *k == TCA_TBF_PRATE64) {
+                    peak = u64_of(v)?;
+                }
+                bucket_bytes = bucket_bytes.min(ticks_to_bytes(u32_at(parms, 32)?, peak));
+            }
             QueueKind::Tbf {
                 rate,
-                bucket_bytes: ticks_to_bytes(u32_at(parms, 28)?, rate),
+                bucket_bytes,
                 limit_bytes: u64::from(u32_at(parms, 24)?),
             }
         }

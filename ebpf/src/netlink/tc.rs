@@ -21,7 +21,9 @@ pub(super) const TCA_HTB_RATE64: u16 = 6;
 const TCA_HTB_CEIL64: u16 = 7;
 pub(super) const TCA_TBF_PARMS: u16 = 1;
 pub(super) const TCA_TBF_RATE64: u16 = 4;
+pub(super) const TCA_TBF_PRATE64: u16 = 5;
 const TCA_TBF_BURST: u16 = 6;
+const TCA_TBF_PBURST: u16 = 7;
 pub(super) const NLA_F_NESTED: u16 = 1 << 15;
 const TC_LINKLAYER_ETHERNET: u8 = 1;
 const TC_HTB_PROTOVER: u32 = 3;
@@ -229,8 +231,9 @@ impl Rtnl {
         )
     }
 
-    /// Puts a tbf under `parent` (an HTB leaf): a bucket of `leaf_burst_bytes` (larger GSO skbs
-    /// are segmented) refilled at `leaf_rate`, and a queue of `queue_bytes`.
+    /// Puts a tbf under `parent` (an HTB leaf): a bucket of `leaf_bucket_bytes` refilled at
+    /// `leaf_rate`, a peak bucket of `leaf_burst_bytes` (larger GSO skbs are segmented)
+    /// refilled at `leaf_peak_rate`, and a queue of `queue_bytes`.
     pub fn set_tbf(
         &mut self,
         ifindex: u32,
@@ -239,20 +242,27 @@ impl Rtnl {
         shape: &Shape,
     ) -> Result<(), NetlinkError> {
         let rate = (shape.leaf_rate / 8).max(1);
-        let burst = shape.leaf_burst_bytes.min(u64::from(u32::MAX)) as u32;
+        let peak = (shape.leaf_peak_rate / 8).max(rate + 1);
+        let bucket = shape.leaf_bucket_bytes.min(u64::from(u32::MAX)) as u32;
+        let pburst = shape.leaf_burst_bytes.min(u64::from(u32::MAX)) as u32;
         let limit = shape.queue_bytes.min(u64::from(u32::MAX)) as u32;
         // struct tc_tbf_qopt { rate, peakrate, limit, buffer, mtu }
         let mut parms = Vec::with_capacity(36);
         parms.extend_from_slice(&ratespec(rate));
-        parms.extend_from_slice(&[0u8; 12]); // no peak rate
+        parms.extend_from_slice(&ratespec(peak));
         parms.extend_from_slice(&limit.to_ne_bytes());
-        parms.extend_from_slice(&ticks(u64::from(burst), rate).to_ne_bytes());
-        parms.extend_from_slice(&0u32.to_ne_bytes());
+        parms.extend_from_slice(&ticks(u64::from(bucket), rate).to_ne_bytes());
+        parms.extend_from_slice(&ticks(u64::from(pburst), peak).to_ne_bytes());
         let mut opts = nla(TCA_TBF_PARMS, &parms);
-        // The bucket in bytes: the kernel derives its max packet size from it exactly.
-        opts.extend(nla(TCA_TBF_BURST, &burst.to_ne_bytes()));
+        // Both buckets in bytes: the kernel takes the largest packet it passes whole (the
+        // smaller of the two) from them exactly.
+        opts.extend(nla(TCA_TBF_BURST, &bucket.to_ne_bytes()));
+        opts.extend(nla(TCA_TBF_PBURST, &pburst.to_ne_bytes()));
         if rate >= u64::from(u32::MAX) {
             opts.extend(nla(TCA_TBF_RATE64, &rate.to_ne_bytes()));
+        }
+        if peak >= u64::from(u32::MAX) {
+            opts.extend(nla(TCA_TBF_PRATE64, &peak.to_ne_bytes()));
         }
         self.replace_leaf(ifindex, parent, qdisc_handle, "tbf", opts)
     }
