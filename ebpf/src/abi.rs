@@ -67,6 +67,39 @@ pub const CONN_SYN_RCVD: u8 = 4;
 pub const FLOW_BUCKETS: u32 = 64;
 pub const FLOW_ENTRIES: u32 = VQ_ENTRIES * FLOW_BUCKETS;
 
+/// The `an_flows` bucket the programs give a packet (`flow_bucket()` in the programs): its
+/// addresses (IPv6 folded into 32 bits), protocol and, for unfragmented TCP and UDP, its
+/// (source, destination) ports. Flows that share a bucket share its state, as in fq_codel:
+/// what a user can read here is which of their flows would.
+pub fn flow_bucket(
+    src: std::net::IpAddr,
+    dst: std::net::IpAddr,
+    proto: u8,
+    ports: Option<(u16, u16)>,
+) -> u32 {
+    // As the programs read them: words in wire order, loaded on this host.
+    let word = |a: std::net::IpAddr| match a {
+        std::net::IpAddr::V4(a) => u32::from_ne_bytes(a.octets()),
+        std::net::IpAddr::V6(a) => a
+            .octets()
+            .chunks_exact(4)
+            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+            .fold(0, |x, w| x ^ w),
+    };
+    let ports = ports.map_or(0, |(s, d)| {
+        let (s, d) = (s.to_be_bytes(), d.to_be_bytes());
+        u32::from_ne_bytes([s[0], s[1], d[0], d[1]])
+    });
+    let mut h = word(src)
+        ^ word(dst).wrapping_mul(0x9e37_79b1)
+        ^ ports.wrapping_mul(0x85eb_ca6b)
+        ^ u32::from(proto);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h & (FLOW_BUCKETS - 1)
+}
+
 /// `an_vqueue` index: `slot * VQ_PER_POD + VQ_{INGRESS,EGRESS,INTERNET}`, or `VQ_NODE_CAP`.
 pub const VQ_PER_POD: u32 = 3;
 pub const VQ_INGRESS: u32 = 0;

@@ -346,6 +346,48 @@ fn pods_without_an_ingress_limit_keep_their_windows() {
     assert_eq!(window_of(&out), 65535);
 }
 
+/// `abi::flow_bucket` is the programs' hash: each flow's bulk packets set the bit it predicts
+/// in the class's bulk-flow bitmap (TCP and UDP with ports, ICMP and fragments without).
+#[test]
+fn flow_buckets_are_the_ones_user_space_computes() {
+    let mut f = clamping_fixture(10_000_000);
+    let remote = ip("203.0.113.9");
+    let mut expected = 0u64;
+    let mut flows = Vec::new();
+    for (i, sport) in [40000u16, 40001, 51234, 65535, 1].into_iter().enumerate() {
+        let mut seg = tcp(remote, POD_IP, 1448);
+        seg.payload[0..2].copy_from_slice(&sport.to_be_bytes());
+        seg.payload[2..4].copy_from_slice(&(5201 + i as u16).to_be_bytes());
+        flows.push((seg.build(), 6, Some((sport, 5201 + i as u16))));
+    }
+    let mut udp = tcp(remote, POD_IP, 1448);
+    udp.proto = 17;
+    udp.payload[0..4].copy_from_slice(&[0x30, 0x39, 0x00, 0x35]);
+    flows.push((udp.build(), 17, Some((12345, 53))));
+    let mut frag = tcp(remote, POD_IP, 1448);
+    frag.frag = (true, 0);
+    flows.push((frag.build(), 6, None));
+    let mut echo = Ip::new(remote, POD_IP);
+    echo.payload.resize(1400, 0xab);
+    flows.push((echo.build(), 1, None));
+    for (pkt, proto, ports) in &flows {
+        let bucket = abi::flow_bucket(remote.into(), POD_IP.into(), *proto, *ports);
+        // Past the flow's sparse budget: bulk.
+        for _ in 0..4 {
+            host_out(&f, pkt);
+        }
+        let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+        assert_ne!(
+            q.flows_cur & (1 << bucket),
+            0,
+            "proto {proto} ports {ports:?}: {q:?}"
+        );
+        expected |= 1 << bucket;
+    }
+    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    assert_eq!(q.flows_cur, expected, "{q:?}");
+}
+
 #[test]
 fn the_window_clamp_is_shared_by_the_flows_queued_in_the_class() {
     let rate = 10_000_000;

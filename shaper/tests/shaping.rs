@@ -5,6 +5,8 @@
 
 mod fabric;
 
+use std::{net::IpAddr, time::Duration};
+
 use aliasnet_ebpf::{abi, AttachedPod, Limits};
 use fabric::*;
 
@@ -311,21 +313,38 @@ fn pod_egress_queue_stays_short_without_losses() {
     );
 }
 
+/// A client port for a download from the internet host to the pod's server on `server_port`
+/// whose flow bucket is not that of the pings' replies.
+fn apart_from_the_pings(server_port: u16) -> u16 {
+    let (inet, pod): (IpAddr, IpAddr) = (INTERNET.parse().unwrap(), POD_IP.parse().unwrap());
+    let ping = abi::flow_bucket(inet, pod, 1, None);
+    (40_000..)
+        .find(|&p| abi::flow_bucket(inet, pod, 6, Some((p, server_port))) != ping)
+        .expect("a port")
+}
+
 #[test]
 fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
     require_root();
     let (f, _dp, _) = pod_with_ingress_limit(10_000_000);
     // BBR ignores ECN and, without the clamp, overshoots the 25 ms bulk leaf in its
-    // startup (~2 % of a 10 s run's segments lost here). The pod connects, as a download does.
-    let (v, ping) = f.iperf_json(
-        "inet",
-        "pod",
-        POD_IP,
-        Some(INTERNET),
-        5,
-        Some("bbr"),
-        INTERNET,
-    );
+    // startup (~2 % of a 10 s run's segments lost here). The download's client port keeps it
+    // out of the pings' flow bucket: flows sharing one share its state (1 in 64 would).
+    let opts = IperfOpts {
+        bind: Some(INTERNET),
+        cc: Some("bbr"),
+        streams: 1,
+        ping: Some(PingDuring {
+            dst: INTERNET,
+            delay: Duration::from_secs(1),
+            margin: 2,
+        }),
+        client_port: Some(apart_from_the_pings),
+    };
+    let (v, ping) = f
+        .iperf_run("inet", "pod", POD_IP, 5, &opts)
+        .expect("iperf3");
+    let ping = ping.unwrap_or_default();
     let r = Run::of(&v, &ping);
     let leaves = f.tc_json("node", "qdisc", "vh1");
     let leaf = |handle: &str| {
@@ -346,6 +365,16 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
         "the clamped sender overflowed the bulk leaf"
     );
     assert!(r.retrans_pct < 1.0, "BBR lost {:.2} %", r.retrans_pct);
+    // HTB alone shaped: the tbf leaf passed what HTB released without holding it back (with a
+    // bucket below HTB's burst it throttled most packets on 1500-byte nodes).
+    let (throttled, packets) = (
+        bulk["overlimits"].as_u64().unwrap_or(u64::MAX),
+        bulk["packets"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        throttled * 100 <= packets,
+        "the tbf leaf throttled {throttled} times for {packets} packets"
+    );
     // The download went through the bulk leaf, the pings' replies through the sparse one,
     // past the download's queue.
     // Half of 5 s at 10 Mbit/s, whatever the frame size.

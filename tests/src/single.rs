@@ -446,6 +446,7 @@ impl SingleNode {
                 delay: Duration::from_secs(1),
                 margin: 2,
             }),
+            client_port: None,
         };
         let (v, ping) = self
             .iperf_run(sender, receiver, dst, secs, &opts)
@@ -488,6 +489,10 @@ impl SingleNode {
         let streams = o.streams.to_string();
         if o.streams > 1 {
             args.extend(["-P", &streams]);
+        }
+        let cport = o.client_port.map(|pick| pick(server.port).to_string());
+        if let Some(c) = &cport {
+            args.extend(["--cport", c]);
         }
         let out = netns_exec(&self.ns(sender), &args)
             .output()
@@ -571,4 +576,6 @@ pub struct IperfOpts<'a> {
     /// Parallel streams (`-P` when above 1).
     pub streams: u32,
     pub ping: Option<PingDuring<'a>>,
+    /// The data stream's client port (`--cport`) for the server's port; `None` = ephemeral.
+    pub client_port: Option<fn(u16) -> u16>,
 }

@@ -309,6 +309,7 @@ impl Bench {
                 delay: Duration::from_millis(1500),
                 margin: 3,
             }),
+            client_port: None,
         };
         // Segments sent come from the sender's kernel: the handshake's MSS can be lowered
         // (a slow class on a jumbo-frame device), so bytes / MSS would not do.

@@ -14,7 +14,9 @@ use std::ops::{Deref, DerefMut};
 use aliasnet_ebpf::{abi, maps, Datapath, Limits, PodAttachment, PodIdentity};
 pub use aliasnet_tests::{
     require_root,
-    single::{Links, SingleNode, BLOCKED, INTERNAL, INTERNET, METADATA, POD_IP},
+    single::{
+        IperfOpts, Links, PingDuring, SingleNode, BLOCKED, INTERNAL, INTERNET, METADATA, POD_IP,
+    },
 };
 
 pub const CONTAINER_ID: &str = "c0ffee0000000000000000000000000000000000000000000000000000000001";
