@@ -13,7 +13,7 @@ use aliasnet_ipam_proto::{
 use aliasnet_tests::ipamd::{unshared_command, wait_ready};
 use anyhow::{bail, Context, Result};
 
-use super::{Args, NETWORK, POOL};
+use super::{pool, Args, NETWORK};
 
 /// A daemon child process with its own temp directory.
 pub struct Daemon {
@@ -31,9 +31,7 @@ impl Daemon {
         let d = dir.path().display();
         // The daemon's own log (its start-up timings) with IPAM_BENCH_LOG=info.
         let level = std::env::var("IPAM_BENCH_LOG").unwrap_or_else(|_| "warn".into());
-        // Another pool of the same size (2^18 addresses) with IPAM_BENCH_POOL, e.g.
-        // `fd00:240::/110` to measure an IPv6 pool (never enumerated) at the same occupancies.
-        let pool = std::env::var("IPAM_BENCH_POOL").unwrap_or_else(|_| POOL.into());
+        let pool = pool();
         fs::write(
             dir.path().join("ipamd.toml"),
             format!(

@@ -3,6 +3,7 @@
 use std::{
     fs,
     io::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
     process::{Command, Stdio},
     time::Instant,
@@ -12,7 +13,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{
     client::{alloc_latencies, fill, median, percentile, Daemon},
-    Args, POOL,
+    pool, Args,
 };
 
 /// Run host-local once; returns the wall time in ms.
@@ -47,19 +48,31 @@ fn host_local_call(plugin: &Path, conf: &str, cmd: &str, cid: &str) -> Result<f6
     Ok(ms)
 }
 
-/// Pre-fill host-local's directory with `n` allocations written as files (its own format).
-fn host_local_prefill(data: &Path, n: usize) -> Result<()> {
+/// Address number `i` of host-local's allocation order in `cidr` (from its network + 2).
+fn nth_address(cidr: &str, i: u128) -> Result<IpAddr> {
+    let net: IpAddr = cidr
+        .split_once('/')
+        .and_then(|(ip, _)| ip.parse().ok())
+        .with_context(|| format!("{cidr:?} is not a CIDR"))?;
+    Ok(match net {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) + 2 + i as u32)),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) + 2 + i)),
+    })
+}
+
+/// Pre-fill host-local's directory with `n` allocations of `cidr` written as files (its own
+/// format).
+fn host_local_prefill(data: &Path, cidr: &str, n: usize) -> Result<()> {
     let dir = data.join("scale-test");
     fs::create_dir_all(&dir)?;
-    let base = u32::from(std::net::Ipv4Addr::new(10, 64, 0, 2));
-    for i in 0..n as u32 {
-        let ip = std::net::Ipv4Addr::from(base + i);
+    for i in 0..n {
+        let ip = nth_address(cidr, i as u128)?;
         fs::write(dir.join(ip.to_string()), format!("prefill{i}\r\neth0"))?;
     }
     if n > 0 {
         fs::write(
             dir.join("last_reserved_ip.0"),
-            std::net::Ipv4Addr::from(base + n as u32 - 1).to_string(),
+            nth_address(cidr, n as u128 - 1)?.to_string(),
         )?;
     }
     Ok(())
@@ -80,16 +93,17 @@ pub fn host_local(args: &Args, bin: &Path) -> Result<String> {
     let mut hl_del = Vec::new();
     let mut al_empty = Vec::new();
     let mut al_full = Vec::new();
+    let cidr = pool();
     for run in 0..args.runs {
         for prefill in [0usize, PREFILL] {
             let data = tempfile::Builder::new()
                 .prefix("hostlocal-bench")
                 .tempdir_in(&args.dir)?;
-            host_local_prefill(data.path(), prefill)?;
+            host_local_prefill(data.path(), &cidr, prefill)?;
             let conf = serde_json::json!({
                 "cniVersion": "1.0.0",
                 "name": "scale-test",
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": POOL}]],
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": cidr}]],
                          "dataDir": data.path()},
             })
             .to_string();
@@ -139,7 +153,7 @@ pub fn host_local(args: &Args, bin: &Path) -> Result<String> {
     let p50 = |v: &[Vec<f64>]| median(v.iter().map(|x| percentile(x, 0.5)).collect());
     let p99 = |v: &[Vec<f64>]| median(v.iter().map(|x| percentile(x, 0.99)).collect());
     let mut s = format!(
-        "\n## Side by side with host-local on {POOL} ({OPS} ops per point)\n\n\
+        "\n## Side by side with host-local on {cidr} ({OPS} ops per point)\n\n\
          host-local: `{}` exec'd per operation with CNI_COMMAND=ADD/DEL (process start included), \
          its dataDir pre-filled with files in its own format. aliasnet: one new connection + \
          Allocate per operation (what the plugin does), leases pre-filled over the socket.\n\n\

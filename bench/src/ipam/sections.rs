@@ -19,16 +19,31 @@ use super::{
         alloc_latencies, alloc_req, fill, median, percentile, release_req, runtime, settle,
         AsyncConn, Daemon,
     },
-    Args, POOL_SIZE,
+    pool, Args,
 };
 
+/// Usable addresses of the daemon's pool, as it reports them.
+fn pool_size(socket: &Path) -> Result<u64> {
+    let Response::Stats { pools, .. } =
+        Client::connect(socket, Duration::from_secs(10))?.call(&Request::Stats)?
+    else {
+        bail!("stats")
+    };
+    let total = pools.first().map_or(0, |p| p.total);
+    if total == 0 || total > 1 << 24 {
+        bail!("the pool has {total} addresses; the latency points need 1 to 2^24");
+    }
+    Ok(total)
+}
+
 pub fn throughput(args: &Args, bin: &Path) -> Result<String> {
-    let mut s = String::from(
+    let mut s = format!(
         "\n## Allocate+release throughput over the socket (durable)\n\n\
-         Each client: one connection, loop { Allocate new key; Release it }; the clients are \
-         async tasks on one bench thread. Empty /14 pool, cooldown 130 s. allocations/s = Allocates acknowledged per second (each followed by a \
+         Each client: one connection, loop {{ Allocate new key; Release it }}; the clients are \
+         async tasks on one bench thread. Empty {} pool, cooldown 130 s. allocations/s = Allocates acknowledged per second (each followed by a \
          durable Release, so the daemon does twice as many durable writes).\n\n\
          | clients | allocations/s (median) | runs |\n|---|---|---|\n",
+        pool()
     );
     for &clients in &args.clients {
         let mut per_run = Vec::new();
@@ -87,12 +102,13 @@ pub fn throughput(args: &Args, bin: &Path) -> Result<String> {
 
 pub fn latency(args: &Args, bin: &Path) -> Result<String> {
     let mut s = format!(
-        "\n## Allocation latency by occupancy of a 262,144-address pool\n\n\
+        "\n## Allocation latency by occupancy of {}\n\n\
          One client, {} Allocates per point on one connection (each followed by an untimed \
          Release), the pool pre-filled over the socket by 64 clients; sampled once the \
          pre-fill's compaction has finished and its writes are flushed (`sync`), so the points \
          compare occupancy, not the pre-fill's writeback. ms, median over runs.\n\n\
          | occupancy | p50 ms | p99 ms | max ms |\n|---|---|---|---|\n",
+        pool(),
         args.samples
     );
     let points = [0.0f64, 0.5, 0.95];
@@ -101,9 +117,13 @@ pub fn latency(args: &Args, bin: &Path) -> Result<String> {
         let mut d = Daemon::new(args, bin)?;
         d.start()?;
         let socket = d.socket();
+        let size = pool_size(&socket)?;
+        if run == 0 {
+            s.push_str(&format!("\n{size} usable addresses.\n\n"));
+        }
         let mut filled = 0u64;
         for (k, occ) in points.iter().enumerate() {
-            let target = (POOL_SIZE as f64 * occ) as u64;
+            let target = (size as f64 * occ) as u64;
             if target > filled {
                 fill(&socket, 7_000 + run as u64, filled, target, 64)?;
                 filled = target;
