@@ -37,14 +37,42 @@ pub fn disable_accept_ra(ifname: &str) -> Result<(), CniError> {
 
 /// `net.ipv6.conf.all.forwarding=1` for pods with an IPv6 address, written only when not
 /// already 1. Setting it makes every interface a router, which stops interfaces with
-/// `accept_ra=1` from taking router advertisements: a node whose uplink learns its IPv6
-/// default route from them needs `accept_ra=2` there.
+/// `accept_ra=1` from taking router advertisements, and a node whose uplink learns its IPv6
+/// default route from them (as cloud VMs do) would lose it when the route expires: first
+/// those interfaces, and the default for interfaces attached later, get `accept_ra=2`, which
+/// takes them as a router too. Where forwarding is already on, the node's owner chose.
 pub fn enable_ipv6_forward() -> Result<(), CniError> {
     const P: &str = "/proc/sys/net/ipv6/conf/all/forwarding";
-    match fs::read(P) {
-        Ok(v) if v.trim_ascii() == b"1" => Ok(()),
-        _ => fs::write(P, b"1").map_err(|e| err(P, e)),
+    if matches!(fs::read(P), Ok(v) if v.trim_ascii() == b"1") {
+        return Ok(());
     }
+    keep_router_advertisements()?;
+    fs::write(P, b"1").map_err(|e| err(P, e))
+}
+
+/// `accept_ra=2` wherever it is 1 (interfaces and `default`; `all` has no effect on it).
+fn keep_router_advertisements() -> Result<(), CniError> {
+    const DIR: &str = "/proc/sys/net/ipv6/conf";
+    let entries = match fs::read_dir(DIR) {
+        Ok(e) => e,
+        // IPv6 is disabled on the node: nothing takes advertisements.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(err(DIR, e)),
+    };
+    for entry in entries.flatten() {
+        if entry.file_name() == "all" {
+            continue;
+        }
+        let p = entry.path().join("accept_ra");
+        if matches!(fs::read(&p), Ok(v) if v.trim_ascii() == b"1") {
+            // An interface gone meanwhile does not matter.
+            match fs::write(&p, b"2") {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                r => r.map_err(|e| err(&p.to_string_lossy(), e))?,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// IPv6 on `ifname` (a node or a netns whose `default.disable_ipv6` is 1 creates links

@@ -287,7 +287,29 @@ fn addr_line(pod: &Ns, addr: &str) -> String {
 #[test]
 fn dual_stack_pod_add_check_del() {
     let s = setup("ds", json!({}));
+    // The node's uplink takes router advertisements (its IPv6 default route may come from
+    // them), another interface does not; forwarding is still off.
+    s.node
+        .ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"]);
+    let conf = "/proc/sys/net/ipv6/conf";
+    for (knob, v) in [
+        ("up0/accept_ra", "1"),
+        ("up1/accept_ra", "0"),
+        ("default/accept_ra", "1"),
+    ] {
+        assert!(s.node.exec_ok(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{}={v}", knob.replace('/', "."))
+        ]));
+    }
+    assert_eq!(s.node.sysctl(&format!("{conf}/all/forwarding")), "0");
     let (r, took) = s.add();
+    // Forwarding on, and what took advertisements still does, as a router.
+    assert_eq!(s.node.sysctl(&format!("{conf}/all/forwarding")), "1");
+    assert_eq!(s.node.sysctl(&format!("{conf}/up0/accept_ra")), "2");
+    assert_eq!(s.node.sysctl(&format!("{conf}/default/accept_ra")), "2");
+    assert_eq!(s.node.sysctl(&format!("{conf}/up1/accept_ra")), "0");
     let veth = s.host_veth(&r);
     let ips = r["ips"].as_array().unwrap();
     assert_eq!(ips.len(), 2, "{r}");
