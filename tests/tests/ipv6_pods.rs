@@ -178,25 +178,36 @@ fn dual_stack_pods_reach_each_other_and_the_internet_without_encapsulation() {
     let (ok, text) = ping_size(&a, c.v6(), full + 1);
     assert!(!ok, "one byte over the MTU must not pass:\n{text}");
 
-    // Path MTU: the internet link has 1500 bytes. With larger uplinks, a packet that fits the
-    // pod's link but not the internet link gets an ICMPv6 Packet Too Big from the router,
-    // which reaches the pod through the node and its datapath; the pod then sends at 1500.
-    if test_mtu() > 1500 {
-        let (ok, text) = ping_size(&a, INTERNET_IP6, 1500 - 48);
-        assert!(ok, "1500-byte IPv6 packet to the internet:\n{text}");
-        let (ok, text) = ping_size(&a, INTERNET_IP6, 1500 - 47);
-        assert!(!ok, "1501 bytes must not reach the internet:\n{text}");
-        let route =
-            a.ns.ip(&["-6", "route", "get", &INTERNET_IP6.to_string()])
-                .unwrap();
-        let route = String::from_utf8_lossy(&route.stdout).into_owned();
-        assert!(
-            route.contains("mtu 1500"),
-            "the pod learned the path MTU from a Packet Too Big ({text}):\n{route}"
-        );
-        let (ok, text) = ping_size(&a, INTERNET_IP6, 1500 - 48);
-        assert!(ok, "1500 bytes after the Packet Too Big:\n{text}");
-    }
+    // Path MTU: the internet link is narrower than the pods' links (1500 bytes, or IPv6's
+    // minimum of 1280 on 1500-byte nodes). A packet that fits the pod's link but not the
+    // internet link gets an ICMPv6 Packet Too Big from the router, which reaches the pod
+    // through the node and its datapath; the pod then sends at the path's MTU.
+    let path = if test_mtu() > 1500 { 1500 } else { 1280 };
+    let path_mtu = path.to_string();
+    f.vnet
+        .ip(&["link", "set", "inet", "mtu", &path_mtu])
+        .unwrap();
+    f.internet
+        .ip(&["link", "set", "eth0", "mtu", &path_mtu])
+        .unwrap();
+    let (ok, text) = ping_size(&a, INTERNET_IP6, path - 48);
+    assert!(ok, "a {path}-byte IPv6 packet to the internet:\n{text}");
+    let (ok, text) = ping_size(&a, INTERNET_IP6, path - 47);
+    assert!(
+        !ok,
+        "{} bytes must not reach the internet:\n{text}",
+        path + 1
+    );
+    let route =
+        a.ns.ip(&["-6", "route", "get", &INTERNET_IP6.to_string()])
+            .unwrap();
+    let route = String::from_utf8_lossy(&route.stdout).into_owned();
+    assert!(
+        route.contains(&format!("mtu {path}")),
+        "the pod learned the path MTU from a Packet Too Big ({text}):\n{route}"
+    );
+    let (ok, text) = ping_size(&a, INTERNET_IP6, path - 48);
+    assert!(ok, "{path} bytes after the Packet Too Big:\n{text}");
 
     for (n, p) in [(n1, &a), (n1, &b), (n2, &c)] {
         n.del_pod(p).expect_ok("DEL");
