@@ -10,18 +10,24 @@ use crate::{datapath, ipam};
 pub fn run(conf: &NetConf) -> Result<(), CniError> {
     let req = Request::Status {
         pool: conf.pool.clone(),
+        families: conf
+            .ip_families
+            .as_ref()
+            .map(|l| l.iter().map(|f| ipam::family(*f)).collect()),
     };
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
     // Local and cheap, so first.
     datapath::status(conf).map_err(unavailable)?;
     match ipam::call(conf, &req) {
-        // The daemon answers for every family it serves (what an Allocate without a family
-        // list needs); with ipFamilies only the listed ones count, whatever it said.
+        // The daemon answers for the listed families (for every family it serves when it
+        // predates `families`, which is stricter): ready is final. Not ready with ipFamilies
+        // is checked against the pools, so an older daemon's answer about a family not asked
+        // for does not count.
+        Ok(Response::Status { ready: true, .. }) => Ok(()),
         Ok(Response::Status { .. }) if conf.ip_families.is_some() => {
             let families = conf.ip_families.as_deref().unwrap_or_default();
             families_ready(conf, families).map_err(unavailable)
         }
-        Ok(Response::Status { ready: true, .. }) => Ok(()),
         Ok(Response::Status { free, reason, .. }) => Err(unavailable(format!(
             "aliasnet-ipamd cannot allocate: {} ({free} free)",
             reason.unwrap_or_else(|| "no free address".into())
@@ -40,8 +46,9 @@ pub fn run(conf: &NetConf) -> Result<(), CniError> {
     }
 }
 
-/// With `ipFamilies`, an ADD needs an address of each listed family (all or nothing); the
-/// daemon's STATUS answers for every family it serves, so the pools' statistics decide. An
+/// With `ipFamilies`, an ADD needs an address of each listed family (all or nothing); a
+/// daemon that predates STATUS `families` answers for every family it serves, so when it says
+/// not ready the pools' statistics decide. An
 /// address whose veth teardown is pending counts, as the daemon counts it: it is free soon.
 fn families_ready(conf: &NetConf, families: &[IpFamily]) -> Result<(), String> {
     let pools = match ipam::call(conf, &Request::Stats) {

@@ -75,7 +75,10 @@ impl Ipamd {
     pub fn status(&mut self) -> Result<(bool, u64, Option<String>), Error> {
         match self
             .client
-            .call(&Request::Status { pool: None })
+            .call(&Request::Status {
+                pool: None,
+                families: None,
+            })
             .map_err(ipamd_error)?
         {
             Response::Status {

@@ -280,7 +280,7 @@ fn request() -> impl Strategy<Value = Request> {
                     .collect(),
             }
         }),
-        opt_text().prop_map(|pool| Request::Status { pool }),
+        (opt_text(), families()).prop_map(|(pool, families)| Request::Status { pool, families }),
         Just(Request::Stats),
         (text(), u32s, u64s).prop_map(|(verb, code, duration_us)| Request::RecordOp {
             verb,

@@ -178,6 +178,8 @@ struct GcBody {
 struct StatusBody {
     #[serde(default)]
     pool: Option<String>,
+    #[serde(default)]
+    families: Option<Vec<Family>>,
 }
 
 #[derive(Deserialize)]
@@ -250,9 +252,13 @@ pub(crate) fn request(b: &[u8]) -> Result<Request, FrameError> {
                 valid: g.valid,
             }
         }
-        Op::Status => Request::Status {
-            pool: body::<StatusBody>(b)?.pool,
-        },
+        Op::Status => {
+            let s = body::<StatusBody>(b)?;
+            Request::Status {
+                pool: s.pool,
+                families: s.families,
+            }
+        }
         Op::Stats => Request::Stats,
         Op::Record => {
             let r: RecordOpBody = body(b)?;

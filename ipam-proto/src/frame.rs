@@ -93,7 +93,7 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> Result<T, FrameErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::{AttachmentKey, Request};
+    use crate::msg::{AttachmentKey, Family, Request};
 
     #[test]
     fn round_trip() {
@@ -190,8 +190,16 @@ mod tests {
             },
             Request::Status {
                 pool: Some("p".into()),
+                families: None,
             },
-            Request::Status { pool: None },
+            Request::Status {
+                pool: None,
+                families: Some(vec![Family::Ipv6]),
+            },
+            Request::Status {
+                pool: None,
+                families: None,
+            },
             Request::Stats,
             Request::RecordOp {
                 verb: "ADD".into(),

@@ -203,6 +203,10 @@ pub enum Request {
     Status {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pool: Option<String>,
+        /// The families the Allocate would ask for; absent: every family a pool serves (what
+        /// a daemon that predates the field answers).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        families: Option<Vec<Family>>,
     },
     /// Pool usage.
     Stats,

@@ -96,8 +96,14 @@ async fn a_dual_stack_key_gets_one_address_per_family() {
     let v6 = pools.iter().find(|p| p.name == "v6").unwrap();
     assert_eq!((v6.family, v6.total, v6.allocated), (Family::Ipv6, 4, 2));
     assert_eq!(pools[0].family, Family::Ipv4);
-    let Ok(Response::Status { ready: true, .. }) =
-        call(&socket, Request::Status { pool: None }).await
+    let Ok(Response::Status { ready: true, .. }) = call(
+        &socket,
+        Request::Status {
+            pool: None,
+            families: None,
+        },
+    )
+    .await
     else {
         panic!()
     };

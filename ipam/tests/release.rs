@@ -123,7 +123,15 @@ async fn status_and_stats_report_exhaustion_and_cooling() {
     let d = env.start(Arc::new(Recorder::default())).await;
     let socket = env.socket();
     assert_eq!(
-        call(&socket, Request::Status { pool: None }).await.unwrap(),
+        call(
+            &socket,
+            Request::Status {
+                pool: None,
+                families: None,
+            }
+        )
+        .await
+        .unwrap(),
         Response::Status {
             ready: true,
             free: 4,
@@ -134,7 +142,16 @@ async fn status_and_stats_report_exhaustion_and_cooling() {
         allocate(&socket, c).await;
     }
     release(&socket, "a", None).await;
-    match call(&socket, Request::Status { pool: None }).await.unwrap() {
+    match call(
+        &socket,
+        Request::Status {
+            pool: None,
+            families: None,
+        },
+    )
+    .await
+    .unwrap()
+    {
         Response::Status {
             ready: false,
             free: 0,
@@ -169,6 +186,7 @@ async fn status_and_stats_report_exhaustion_and_cooling() {
         &socket,
         Request::Status {
             pool: Some("nope".into()),
+            families: None,
         },
     )
     .await

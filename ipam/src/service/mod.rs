@@ -411,8 +411,13 @@ impl Ipam {
                 .into()
             }
             Request::Gc { network, valid } => self.gc(network, valid).await,
-            Request::Status { pool } => {
-                match self.shared.lock().status(pool.as_deref(), self.now_ms()) {
+            Request::Status { pool, families } => {
+                let now = self.now_ms();
+                match self
+                    .shared
+                    .lock()
+                    .status(pool.as_deref(), families.as_deref(), now)
+                {
                     Ok((ready, free, reason)) => Response::Status {
                         ready,
                         free,

@@ -42,7 +42,11 @@ enum Taken {
 
 impl State {
     /// Pools of `family` an Allocate may use: a named pool restricts its own family only.
-    fn eligible_in(&self, pool: Option<&str>, family: Family) -> Result<Vec<usize>, Refusal> {
+    pub(super) fn eligible_in(
+        &self,
+        pool: Option<&str>,
+        family: Family,
+    ) -> Result<Vec<usize>, Refusal> {
         if let Some(name) = pool {
             if let Some(p) = self.pools.iter().position(|p| p.spec.name == name) {
                 if family == Family::Ipv4 {
@@ -95,7 +99,7 @@ impl State {
     }
 
     /// The families an Allocate wants: the listed ones, or every family a pool serves.
-    fn wanted(&self, families: Option<&[Family]>) -> Result<Vec<Family>, Refusal> {
+    pub(super) fn wanted(&self, families: Option<&[Family]>) -> Result<Vec<Family>, Refusal> {
         check_families(families)?;
         let served = |f: Family| match f {
             Family::Ipv4 => !self.pools.is_empty(),

@@ -1,6 +1,6 @@
 //! Read-only views: checks, lease listings, per-pool stats, counts and status.
 
-use aliasnet_ipam_proto::{AttachmentKey, Lease, PoolStats};
+use aliasnet_ipam_proto::{AttachmentKey, ErrorKind, Family, Lease, PoolStats};
 
 use crate::{
     config::OnOnlyCooling,
@@ -191,20 +191,49 @@ impl State {
             .collect()
     }
 
-    /// Could an Allocate (restricted to `pool`) succeed now? (ready, free, reason)
+    /// Could an Allocate (restricted to `pool`, asking for `families`) succeed now?
+    /// (ready, free, reason)
     pub fn status(
         &mut self,
         pool: Option<&str>,
+        families: Option<&[Family]>,
         now_ms: u64,
     ) -> Result<(bool, u64, Option<String>), Refusal> {
-        // Every family served must be able to give an address (what an Allocate without a
-        // family list asks for); `free` is the smallest per-family count.
-        let eligible = self.eligible(pool)?;
-        let eligible6 = self.eligible6(pool)?;
+        // Without a family list every family served must be able to give an address (what an
+        // Allocate without one asks for); with one, exactly the listed families, each from the
+        // pools an Allocate would use. `free` is the smallest per-family count.
+        let (eligible, eligible6) = match families {
+            None => {
+                let e4 = self.eligible(pool)?;
+                let e6 = self.eligible6(pool)?;
+                (
+                    (!e4.is_empty() || e6.is_empty()).then_some(e4),
+                    (!e6.is_empty()).then_some(e6),
+                )
+            }
+            Some(list) => {
+                let wanted = match self.wanted(Some(list)) {
+                    Ok(w) => w,
+                    // A family no pool serves: never ready, as Allocate would refuse.
+                    Err(r) if r.kind == ErrorKind::PoolExhausted => {
+                        return Ok((false, 0, Some(r.message)))
+                    }
+                    Err(r) => return Err(r),
+                };
+                let pick = |f: Family| -> Result<Option<Vec<usize>>, Refusal> {
+                    if wanted.contains(&f) {
+                        self.eligible_in(pool, f).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                (pick(Family::Ipv4)?, pick(Family::Ipv6)?)
+            }
+        };
         self.expire(now_ms);
         let reuse = self.policy == OnOnlyCooling::ReuseOldest;
         let mut families: Vec<(u64, bool, Refusal)> = Vec::with_capacity(2);
-        if !eligible.is_empty() || eligible6.is_empty() {
+        if let Some(eligible) = eligible {
             let free: u64 = eligible
                 .iter()
                 .map(|&p| self.pools[p].free.free_count() as u64)
@@ -215,7 +244,7 @@ impl State {
             });
             families.push((free, soon, self.exhausted(&eligible, now_ms)));
         }
-        if !eligible6.is_empty() {
+        if let Some(eligible6) = eligible6 {
             let free = eligible6
                 .iter()
                 .fold(0u64, |n, &q| n.saturating_add(self.pools6[q].free_count()));

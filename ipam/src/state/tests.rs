@@ -104,7 +104,7 @@ fn exhaustion_message_is_actionable() {
     );
     assert!(e.message.contains("reusable in 129s"), "{}", e.message);
     assert!(e.message.contains("reuse-oldest"), "{}", e.message);
-    let (ready, free, reason) = st.status(None, 2_000).unwrap();
+    let (ready, free, reason) = st.status(None, None, 2_000).unwrap();
     assert!(!ready);
     assert_eq!(free, 0);
     assert!(reason.unwrap().contains("1 cooling"));
@@ -125,7 +125,7 @@ fn reuse_oldest_takes_the_longest_released() {
     }
     release(&mut st, "c", 10);
     release(&mut st, "a", 20);
-    assert!(st.status(None, 30).unwrap().0);
+    assert!(st.status(None, None, 30).unwrap().0);
     assert_eq!(
         alloc(&mut st, "e", 30).unwrap().address,
         Ipv4Addr::new(10, 0, 0, 2)
@@ -316,7 +316,7 @@ fn bad_requests_are_refused() {
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::BadRequest);
     assert_eq!(
-        st.status(Some("nope"), 0).unwrap_err().kind,
+        st.status(Some("nope"), None, 0).unwrap_err().kind,
         ErrorKind::UnknownPool
     );
 }

@@ -251,6 +251,33 @@ fn a_small_ipv6_pool_exhausts_and_dual_stack_is_all_or_nothing() {
 }
 
 #[test]
+fn status_with_families_asks_only_about_those() {
+    let mut st = State::new(&config("cooldown=\"0s\"", DUAL));
+    for c in ["a", "b", "c"] {
+        alloc(&mut st, c, Some(&[Family::Ipv6]), 1).unwrap();
+    }
+    let v4 = [Family::Ipv4];
+    let v6 = [Family::Ipv6];
+    // The IPv6 pool is full: not ready for both families or IPv6 alone, ready for IPv4.
+    assert!(!st.status(None, None, 2).unwrap().0);
+    let (ready, _, reason) = st.status(None, Some(&v6), 2).unwrap();
+    assert!(!ready && reason.unwrap().starts_with("family ipv6"));
+    assert_eq!(st.status(None, Some(&v4), 2).unwrap(), (true, 8, None));
+    // A named IPv6 pool restricts its own family only, as in an Allocate.
+    assert!(st.status(Some("v6"), Some(&v4), 2).unwrap().0);
+    assert!(!st.status(Some("v6"), Some(&v6), 2).unwrap().0);
+    // A family no pool serves is never ready; a malformed list is refused.
+    let only4 = "[[pool]]\nname=\"v4\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/29\"]\n";
+    let mut st4 = State::new(&config("", only4));
+    let (ready, _, reason) = st4.status(None, Some(&v6), 2).unwrap();
+    assert!(!ready && reason.unwrap().contains("no pool of this node serves"));
+    assert_eq!(
+        st4.status(None, Some(&[]), 2).unwrap_err().kind,
+        ErrorKind::BadRequest
+    );
+}
+
+#[test]
 fn ipv6_addresses_cool_down_before_reuse() {
     let pools = "[[pool]]\nname=\"v6\"\nsource=\"static\"\ncidrs=[\"fd00:240::/127\"]\n";
     let mut st = State::new(&config("cooldown=\"10s\"", pools));
@@ -259,7 +286,7 @@ fn ipv6_addresses_cool_down_before_reuse() {
     release(&mut st, "a", 1_000).unwrap();
     let e = alloc(&mut st, "c", None, 5_000).unwrap_err();
     assert_eq!(e.kind, ErrorKind::OnlyCooling, "{}", e.message);
-    let (ready, _, reason) = st.status(None, 5_000).unwrap();
+    let (ready, _, reason) = st.status(None, None, 5_000).unwrap();
     assert!(!ready && reason.unwrap().contains("family ipv6"));
     // After the cooldown the address comes back.
     assert_eq!(
