@@ -246,6 +246,17 @@ fn exhausted_ipv6_pool_fails_add_and_leaves_nothing() {
         &n.plugin_config(None, None),
     );
     status.expect_code(50, "STATUS with the IPv6 pool exhausted");
+    // With ipFamilies only the listed families count.
+    for (families, ready) in [(json!(["ipv4"]), true), (json!(["ipv6"]), false)] {
+        let mut conf = n.plugin_config(None, None);
+        conf["ipFamilies"] = families.clone();
+        let st = n.cni(&Invocation::new("STATUS", "", None, ""), &conf);
+        if ready {
+            assert!(st.ok(), "STATUS {families}: {}", st.stdout);
+        } else {
+            st.expect_code(50, "STATUS for the exhausted IPv6 family");
+        }
+    }
 
     let pod_ns = Netns::new(&format!("an{}-x2", f.tag)).unwrap();
     let inv = Invocation::new("ADD", "x2", Some(&pod_ns.path()), "eth0");
