@@ -269,6 +269,15 @@ pub(super) fn parse_any_ip(s: &str) -> Result<AnyRange, String> {
     v6_range(s, ip, ip)
 }
 
+/// An `exclude` entry of either family: a CIDR, or a single address.
+pub(super) fn parse_any_exclusion(s: &str) -> Result<AnyRange, String> {
+    if s.contains('/') {
+        parse_any_cidr(s)
+    } else {
+        parse_any_ip(s)
+    }
+}
+
 pub(super) fn parse_any_range(s: &str) -> Result<AnyRange, String> {
     if !s.contains(':') {
         return parse_range(s).map(AnyRange::V4);

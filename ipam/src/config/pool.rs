@@ -7,8 +7,8 @@ use super::*;
 use aliasnet_ipam_proto::Family;
 
 use super::addr::{
-    parse_any_cidr, parse_any_ip, parse_any_range, parse_cidr, parse_ip, parse_range, subtract,
-    subtract6, AnyRange,
+    parse_any_cidr, parse_any_exclusion, parse_any_ip, parse_any_range, parse_cidr, parse_ip,
+    parse_range, subtract, subtract6, AnyRange,
 };
 use super::parse::RawPool;
 
@@ -349,18 +349,13 @@ fn build_pool6(
         return Err((
             at("cidrs"),
             format!(
-                "mixes IPv4 ({v4}) and IPv6 ({v6}) addresses; a pool serves one family:                  put each family in its own pool"
+                "mixes IPv4 ({v4}) and IPv6 ({v6}) addresses; a pool serves one family: put each family in its own pool"
             ),
         ));
     }
     let mut excl: Vec<Range6> = Vec::new();
     for (j, s) in rp.exclude.iter().enumerate() {
-        let r = if s.contains('/') {
-            parse_any_cidr(s)
-        } else {
-            parse_any_ip(s)
-        }
-        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+        let r = parse_any_exclusion(s).map_err(|m| (at(&format!("exclude[{j}]")), m))?;
         match r {
             AnyRange::V6(r) if parts.iter().any(|(p, _)| p.first <= r.last && r.first <= p.last) => {
                 excl.push(r)
@@ -431,12 +426,7 @@ fn build_imds6(
     let at = |field: &str| format!("pool '{name}'.{field}");
     let mut exclude6: Vec<Range6> = Vec::new();
     for (j, s) in rp.exclude.iter().enumerate() {
-        let r = if s.contains('/') {
-            parse_any_cidr(s)
-        } else {
-            parse_any_ip(s)
-        }
-        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
+        let r = parse_any_exclusion(s).map_err(|m| (at(&format!("exclude[{j}]")), m))?;
         match r {
             AnyRange::V6(r) => exclude6.push(r),
             AnyRange::V4(_) => warnings.push(format!(
