@@ -125,10 +125,44 @@ impl Pool {
     }
 
     pub(super) fn usage(&self, cooldown: Duration, now_ms: u64) -> String {
-        if self.dynamic() && !self.synced {
+        Usage {
+            spec: &self.spec,
+            metadata: self.metadata.as_ref(),
+            unsynced: self.dynamic() && !self.synced,
+            size: self.size(),
+            leased: self.leased,
+            cooling: self.cooling_count(),
+            held: self.held,
+            oldest_release_ms: self.cooling.front().map(|(_, t)| *t),
+            missing: self.reported_missing(),
+        }
+        .message(cooldown, now_ms)
+    }
+}
+
+/// What a pool of either family tells about itself when it has no free address.
+pub(super) struct Usage<'a> {
+    pub(super) spec: &'a PoolSpec,
+    pub(super) metadata: Option<&'a MetadataStatus>,
+    /// A metadata pool no read has filled yet.
+    pub(super) unsynced: bool,
+    pub(super) size: u64,
+    pub(super) leased: usize,
+    /// Cooling addresses, held ones included.
+    pub(super) cooling: usize,
+    /// Cooled down, but waiting for their old host veth to go.
+    pub(super) held: usize,
+    /// Release time of the address that leaves cooldown next.
+    pub(super) oldest_release_ms: Option<u64>,
+    /// Leased addresses gone from the metadata, as reported.
+    pub(super) missing: usize,
+}
+
+impl Usage<'_> {
+    pub(super) fn message(&self, cooldown: Duration, now_ms: u64) -> String {
+        if self.unsynced {
             let why = self
                 .metadata
-                .as_ref()
                 .and_then(|m| m.last_error.clone())
                 .unwrap_or_else(|| "no answer yet".into());
             return format!(
@@ -138,13 +172,9 @@ impl Pool {
         }
         let mut s = format!(
             "pool '{}' ({}, {} addresses) has no free address: {} allocated, {} cooling",
-            self.spec.name,
-            self.spec.description,
-            self.size(),
-            self.leased,
-            self.cooling_count()
+            self.spec.name, self.spec.description, self.size, self.leased, self.cooling
         );
-        if let Some((_, t)) = self.cooling.front() {
+        if let Some(t) = self.oldest_release_ms {
             let free_at = t.saturating_add(cooldown.as_millis() as u64);
             let _ = write!(
                 s,
@@ -155,7 +185,7 @@ impl Pool {
         if self.held > 0 {
             let _ = write!(s, ", {} waiting for their old host veth to go", self.held);
         }
-        if self.reported_missing() > 0 {
+        if self.missing > 0 {
             let _ = write!(
                 s,
                 ", {} leased addresses gone from the metadata",

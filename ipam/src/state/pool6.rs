@@ -15,13 +15,13 @@
 
 use std::{
     collections::{BTreeMap, HashSet, VecDeque},
-    fmt::Write as _,
     net::Ipv6Addr,
     time::Duration,
 };
 
 use aliasnet_ipam_proto::MetadataStatus;
 
+use super::pool::Usage;
 use crate::config::PoolSpec;
 
 pub(super) struct Pool6 {
@@ -221,48 +221,18 @@ impl Pool6 {
     }
 
     pub(super) fn usage(&self, cooldown: Duration, now_ms: u64) -> String {
-        if self.dynamic() && !self.synced {
-            let why = self
-                .metadata
-                .as_ref()
-                .and_then(|m| m.last_error.clone())
-                .unwrap_or_else(|| "no answer yet".into());
-            return format!(
-                "pool '{}' ({}) has no addresses yet: no metadata read has succeeded ({why})",
-                self.spec.name, self.spec.description
-            );
+        Usage {
+            spec: &self.spec,
+            metadata: self.metadata.as_ref(),
+            unsynced: self.dynamic() && !self.synced,
+            size: self.size(),
+            leased: self.leased,
+            cooling: self.cooling_count(),
+            held: self.held.len(),
+            oldest_release_ms: self.cooling.front().map(|(_, t)| *t),
+            missing: self.reported_missing(),
         }
-        let mut s = format!(
-            "pool '{}' ({}, {} addresses) has no free address: {} allocated, {} cooling",
-            self.spec.name,
-            self.spec.description,
-            self.size(),
-            self.leased,
-            self.cooling_count()
-        );
-        if let Some((_, t)) = self.cooling.front() {
-            let free_at = t.saturating_add(cooldown.as_millis() as u64);
-            let _ = write!(
-                s,
-                " (the next is reusable in {}s)",
-                free_at.saturating_sub(now_ms).div_ceil(1000)
-            );
-        }
-        if !self.held.is_empty() {
-            let _ = write!(
-                s,
-                ", {} waiting for their old host veth to go",
-                self.held.len()
-            );
-        }
-        if self.reported_missing() > 0 {
-            let _ = write!(
-                s,
-                ", {} leased addresses gone from the metadata",
-                self.missing
-            );
-        }
-        s
+        .message(cooldown, now_ms)
     }
 
     /// Check the free set against the pool's ranges (tests).
