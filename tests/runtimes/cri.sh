@@ -341,8 +341,7 @@ test_cri_dual_stack_pods() {
   run_pod a kubernetes.io/ingress-bandwidth=10M
   run_pod b
   local p a6=${POD_IP6[a]} b6=${POD_IP6[b]}
-  python3 -c "import ipaddress, sys; n = ipaddress.ip_network('$POD_RANGE6')
-sys.exit(0 if all(a and ipaddress.ip_address(a) in n for a in ('$a6', '$b6')) and '$a6' != '$b6' else 1)" ||
+  distinct_in "$POD_RANGE6" "$a6" "$b6" ||
     fail "IPv6 addresses '$a6' '$b6' (additional_ips) not distinct addresses of $POD_RANGE6"
   leases "$SOCK" | grep -qx "$a6 aliasnet/${POD_ID[a]}/eth0" || fail "no IPv6 lease for a: $(leases "$SOCK")"
   in_net "${POD_NS[a]}" ping -6 -c 2 -W 2 "$b6" >/dev/null || fail "a cannot ping b over IPv6"

@@ -332,6 +332,17 @@ leases() {
     jq -r 'if .reply != "leases" then error("unexpected reply: \(.)") else .leases[] | "\(.address) \(.key.network)/\(.key.container_id)/\(.key.ifname)" end'
 }
 
+# distinct_in RANGE ADDR...: every ADDR is set, an address of the CIDR RANGE, and unlike the
+# others.
+distinct_in() {
+  python3 - "$@" <<'EOF'
+import ipaddress, sys
+net, addrs = ipaddress.ip_network(sys.argv[1]), sys.argv[2:]
+ok = all(a and ipaddress.ip_address(a) in net for a in addrs) and len(set(addrs)) == len(addrs)
+sys.exit(0 if ok else 1)
+EOF
+}
+
 # ---- runner ----
 # _run_one TEST: the test with a fresh scratch directory and cleanup stack (call in a subshell).
 _run_one() {

@@ -147,8 +147,7 @@ test_podman_two_containers_ping_each_other_and_internet() {
   id2=$(ctr_id c2)
   log "c1 $ip1, c2 $ip2"
   # Alias IPs from the node's pool, recorded by the daemon under podman's container IDs.
-  python3 -c "import ipaddress, sys; n = ipaddress.ip_network('$POD_RANGE')
-sys.exit(0 if all(ipaddress.ip_address(a) in n for a in ('$ip1', '$ip2')) and '$ip1' != '$ip2' else 1)" ||
+  distinct_in "$POD_RANGE" "$ip1" "$ip2" ||
     fail "addresses $ip1 $ip2 not distinct addresses of $POD_RANGE"
   leases "$SOCK" | grep -qx "$ip1 aliasnet/$id1/eth0" || fail "no lease for c1: $(leases "$SOCK")"
   leases "$SOCK" | grep -qx "$ip2 aliasnet/$id2/eth0" || fail "no lease for c2: $(leases "$SOCK")"
@@ -199,8 +198,7 @@ test_podman_dual_stack_containers() {
   id1=$(ctr_id c1)
   id2=$(ctr_id c2)
   log "c1 $ip1 $a1, c2 $ip2 $a2"
-  python3 -c "import ipaddress, sys; n = ipaddress.ip_network('$POD_RANGE6')
-sys.exit(0 if all(a and ipaddress.ip_address(a) in n for a in ('$a1', '$a2')) and '$a1' != '$a2' else 1)" ||
+  distinct_in "$POD_RANGE6" "$a1" "$a2" ||
     fail "IPv6 addresses '$a1' '$a2' not distinct addresses of $POD_RANGE6"
   [[ -n $ip1 && -n $ip2 ]] || fail "no IPv4 address next to the IPv6 one"
   leases "$SOCK" | grep -qx "$a1 aliasnet/$id1/eth0" || fail "no IPv6 lease for c1: $(leases "$SOCK")"
