@@ -145,13 +145,13 @@ test_ctr_run_cni_addresses_ping_and_rm_releases() {
   log "c1 $ip1, c2 $ip2"
   [[ -n $ip1 && -n $ip2 && $ip1 != "$ip2" ]] || fail "containers did not get distinct addresses: '$ip1' '$ip2'"
   # ctr's CNI_CONTAINERID is <namespace>-<id>.
-  leases "$SOCK" | grep -qx "$ip1 aliasnet/$NS-c1/eth0" || fail "no lease for c1: $(leases "$SOCK")"
-  leases "$SOCK" | grep -qx "$ip2 aliasnet/$NS-c2/eth0" || fail "no lease for c2"
+  leases "$SOCK" | has -x "$ip1 aliasnet/$NS-c1/eth0" || fail "no lease for c1: $(leases "$SOCK")"
+  leases "$SOCK" | has -x "$ip2 aliasnet/$NS-c2/eth0" || fail "no lease for c2"
   c tasks exec --exec-id p1 c1 ping -c 2 -W 2 "$ip2" >/dev/null || fail "c1 cannot ping c2"
   c tasks exec --exec-id p2 c2 ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "c2 cannot ping the internet host"
   assert_eq "$(in_ns "$NODE" sysctl -n net.ipv4.ip_forward)" 1 "node ip_forward"
-  attached_pods | grep -qx "$NS-c1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
-  attached_pods | grep -qx "$NS-c2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
+  attached_pods | has -x "$NS-c1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
+  attached_pods | has -x "$NS-c2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
 
   # --rm in the foreground: ADD, then on exit DEL with CNI_NETNS empty (the task and its netns
   # are gone by then). DEL must succeed and release the address.
@@ -166,7 +166,7 @@ test_ctr_run_cni_addresses_ping_and_rm_releases() {
   [[ -n $del ]] || fail "ctr run --rm sent no DEL to aliasnet"
   [[ $del == *'"CNI_NETNS="'* ]] || fail "the DEL had a netns (expected CNI_NETNS empty): $del"
   grep -q "\"$NS-c3\"\|CNI_CONTAINERID=$NS-c3\"" <<<"$del" || fail "the DEL was not for c3: $del"
-  if leases "$SOCK" | grep -q "/$NS-c3/"; then fail "ctr run --rm left c3's lease: $(leases "$SOCK")"; fi
+  if leases "$SOCK" | has "/$NS-c3/"; then fail "ctr run --rm left c3's lease: $(leases "$SOCK")"; fi
   assert_eq "$(leases "$SOCK" | wc -l)" 2 "leases after c3"
   assert_eq "$(attached_pods | wc -l)" 2 "datapath attachments after c3 (its DEL without a netns detached it)"
   log "c3 (--rm): $(awk '{print $4}' <<<"$out"), released on exit"
@@ -195,7 +195,7 @@ test_ctr_detached_leak_reclaimed_by_gc() {
   sleep 0.3
   c tasks rm gone >/dev/null 2>&1
   c containers rm gone >/dev/null
-  leases "$SOCK" | grep -qx "$ipg aliasnet/$NS-gone/eth0" || fail "expected the leaked lease of 'gone'"
+  leases "$SOCK" | has -x "$ipg aliasnet/$NS-gone/eth0" || fail "expected the leaked lease of 'gone'"
   # GC without the valid list is refused (it would release everything).
   local conf out
   conf=$(jq -c '(.plugins[0]) + {cniVersion: "1.1.0", name: .name}' "$S/netd/10-aliasnet.conflist")
@@ -203,10 +203,10 @@ test_ctr_detached_leak_reclaimed_by_gc() {
     fail "GC without cni.dev/valid-attachments succeeded"
   fi
   log "GC without a valid list: $out"
-  leases "$SOCK" | grep -q "/$NS-gone/" || fail "a refused GC released something"
+  leases "$SOCK" | has "/$NS-gone/" || fail "a refused GC released something"
   gc "[{\"containerID\": \"$NS-keep\", \"ifname\": \"eth0\"}]" || fail "GC failed"
-  if leases "$SOCK" | grep -q "/$NS-gone/"; then fail "GC did not reclaim $ipg"; fi
-  leases "$SOCK" | grep -qx "$ipk aliasnet/$NS-keep/eth0" || fail "GC released a valid attachment"
+  if leases "$SOCK" | has "/$NS-gone/"; then fail "GC did not reclaim $ipg"; fi
+  leases "$SOCK" | has -x "$ipk aliasnet/$NS-keep/eth0" || fail "GC released a valid attachment"
   assert_eq "$(attached_pods)" "$NS-keep $ipk" "datapath attachments after GC"
   c tasks exec --exec-id p1 keep ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "the kept container lost connectivity"
   # The pool still serves new containers.

@@ -184,7 +184,7 @@ run_pod() {
   POD_NS[$name]=$(jq -r '.info.info.runtimeSpec.linux.namespaces[] | select(.type == "network") | .path' <<<"$st")
   assert_eq "$(jq -r .state <<<"$st")" SANDBOX_READY "state of $name"
   [[ ${POD_NS[$name]} == /var/run/netns/cni-* ]] || fail "$name: unexpected netns path '${POD_NS[$name]}'"
-  leases "$SOCK" | grep -qx "${POD_IP[$name]} aliasnet/$id/eth0" || fail "no lease for $name (${POD_IP[$name]}): $(leases "$SOCK")"
+  leases "$SOCK" | has -x "${POD_IP[$name]} aliasnet/$id/eth0" || fail "no lease for $name (${POD_IP[$name]}): $(leases "$SOCK")"
   log "$name: ${POD_IP[$name]} ${POD_IP6[$name]} ${POD_NS[$name]}"
 }
 
@@ -324,7 +324,7 @@ cri_bandwidth() {
   # Remove (DEL without either). The first Stop already releases the address.
   for p in a b c d; do
     cri stopp "${POD_ID[$p]}" || fail "StopPodSandbox $p"
-    if leases "$SOCK" | grep -q "/${POD_ID[$p]}/"; then fail "the first StopPodSandbox of $p kept its lease"; fi
+    if leases "$SOCK" | has "/${POD_ID[$p]}/"; then fail "the first StopPodSandbox of $p kept its lease"; fi
     cri stopp "${POD_ID[$p]}" || fail "second StopPodSandbox $p"
     cri rmp "${POD_ID[$p]}" || fail "RemovePodSandbox $p"
   done
@@ -343,7 +343,7 @@ test_cri_dual_stack_pods() {
   local p a6=${POD_IP6[a]} b6=${POD_IP6[b]}
   distinct_in "$POD_RANGE6" "$a6" "$b6" ||
     fail "IPv6 addresses '$a6' '$b6' (additional_ips) not distinct addresses of $POD_RANGE6"
-  leases "$SOCK" | grep -qx "$a6 aliasnet/${POD_ID[a]}/eth0" || fail "no IPv6 lease for a: $(leases "$SOCK")"
+  leases "$SOCK" | has -x "$a6 aliasnet/${POD_ID[a]}/eth0" || fail "no IPv6 lease for a: $(leases "$SOCK")"
   in_net "${POD_NS[a]}" ping -6 -c 2 -W 2 "$b6" >/dev/null || fail "a cannot ping b over IPv6"
   in_net "${POD_NS[b]}" ping -6 -c 2 -W 2 2001:db8::10 >/dev/null || fail "b cannot ping the internet host over IPv6"
   in_net "$INET" ping -6 -c 2 -W 2 "$a6" >/dev/null || fail "the internet host cannot reach a over IPv6"
@@ -358,7 +358,7 @@ test_cri_dual_stack_pods() {
   log "$row"
   for p in a b; do
     cri stopp "${POD_ID[$p]}" || fail "StopPodSandbox $p"
-    if leases "$SOCK" | grep -q "/${POD_ID[$p]}/"; then fail "the first StopPodSandbox of $p kept a lease"; fi
+    if leases "$SOCK" | has "/${POD_ID[$p]}/"; then fail "the first StopPodSandbox of $p kept a lease"; fi
     cri stopp "${POD_ID[$p]}" || fail "second StopPodSandbox $p"
     cri rmp "${POD_ID[$p]}" || fail "RemovePodSandbox $p"
   done

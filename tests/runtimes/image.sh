@@ -352,7 +352,7 @@ test_image_runs_the_daemonset_and_uninstalls() {
   ip=$(jq -r '.ips[0].address' <<<"$add" | cut -d/ -f1)
   python3 -c "import ipaddress, sys; sys.exit(ipaddress.ip_address('$ip') not in ipaddress.ip_network('$POD_RANGE'))" ||
     fail "pod address $ip is not from the node's pool $POD_RANGE"
-  leases "$sock" | grep -qx "$ip aliasnet/$cid/eth0" || fail "no lease for the pod: $(leases "$sock")"
+  leases "$sock" | has -x "$ip aliasnet/$cid/eth0" || fail "no lease for the pod: $(leases "$sock")"
   in_ns "$POD" ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "the pod cannot reach the internet host"
   out=$(pm exec shaperd aliasnetctl pods --json) || fail "aliasnetctl pods: $out"
   jq -e --arg id "$cid" --arg ip "$ip" 'any(.[]; .container_id == $id and .ip == $ip and .egress.internet.packets >= 2)' \

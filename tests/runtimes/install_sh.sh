@@ -225,10 +225,10 @@ test_uninstall_order_leaves_pods_intact() {
   [[ -d $R/var/lib/aliasnet ]] || fail "uninstall removed the state directory"
   # The running pod is untouched: veth, route, address, connectivity, lease.
   ip -n "$node" link show "$veth" >/dev/null 2>&1 || fail "host veth $veth was removed"
-  ip -n "$node" route show "$ip/32" | grep -q "$veth" || fail "route to $ip was removed"
-  ip -n "$pod" -4 addr show eth0 | grep -q "$ip" || fail "pod address was removed"
+  ip -n "$node" route show "$ip/32" | has "$veth" || fail "route to $ip was removed"
+  ip -n "$pod" -4 addr show eth0 | has "$ip" || fail "pod address was removed"
   in_ns "$node" ping -c1 -W2 "$ip" >/dev/null || fail "pod unreachable after uninstall"
-  leases "$R/run/aliasnet/ipamd.sock" | grep -q "^$ip " || fail "lease of $ip lost"
+  leases "$R/run/aliasnet/ipamd.sock" | has "^$ip " || fail "lease of $ip lost"
   # A second uninstall is a no-op; --purge then removes state, logs and configs.
   inst --uninstall 2>/dev/null || fail "repeated uninstall failed"
   inst --uninstall --purge 2>/dev/null || fail "purge failed"
@@ -309,14 +309,14 @@ test_upgrade_while_a_pod_runs() {
   wait "$ping" || true
   grep -q ' 0% packet loss' "$SCRATCH/ping.out" || fail "traffic to the pod was interrupted: $(tail -n2 "$SCRATCH/ping.out")"
   log "during the upgrade: $(grep 'packet loss' "$SCRATCH/ping.out")"
-  leases "$R/run/aliasnet/ipamd.sock" | grep -q "^$ip aliasnet/cid-up/eth0$" || fail "the new daemon lost the lease of $ip"
+  leases "$R/run/aliasnet/ipamd.sock" | has "^$ip aliasnet/cid-up/eth0$" || fail "the new daemon lost the lease of $ip"
   ip -n "$node" link show "$veth" >/dev/null 2>&1 || fail "host veth gone"
   # Counters continue: the 200 echo requests to the pod are all counted across the restart.
   after=$(pod_view "$node" "$pins" "$R/run/aliasnet/ipamd.sock") || fail "aliasnetctl pods failed after the upgrade"
   (($(jq .ingress <<<"$after") >= $(jq .ingress <<<"$before") + 200)) ||
     fail "counters were reset or lost packets: before $before, after $after"
   assert_eq "$(jq -c .limits <<<"$after")" "$limits" "the pod's limits after the upgrade"
-  tc -n "$node" class show dev "$veth" | grep -q 'rate 50Mbit' ||
+  tc -n "$node" class show dev "$veth" | has 'rate 50Mbit' ||
     fail "the pod's shaping class is gone: $(tc -n "$node" class show dev "$veth")"
   log "ingress packets $(jq .ingress <<<"$before") -> $(jq .ingress <<<"$after"); limits $limits kept"
   # The new plugin sees the pod (CHECK needs 0.4.0+) and releases it.

@@ -26,6 +26,14 @@ check() {
   "$@" || fail "$what"
 }
 assert_eq() { [[ $1 == "$2" ]] || fail "$3: expected '$2', got '$1'"; }
+# has GREP-ARGS...: `grep -q GREP-ARGS` over the whole of stdin. A bare `producer | grep -q`
+# fails under pipefail when grep exits at its first match while the producer is still
+# writing (the producer dies of SIGPIPE), so a match would read as "not found".
+has() {
+  local input
+  input=$(cat)
+  grep -q "$@" <<<"$input"
+}
 
 # ---- cleanup stack (LIFO), run on the test subshell's exit ----
 _cleanups=()

@@ -114,7 +114,7 @@ ctr_id() { pm inspect -f '{{.Id}}' "$1"; }
 wait_no_lease() {
   local i
   for ((i = 0; i < 100; i++)); do
-    leases "$SOCK" | grep -q "/$1/" || return 0
+    leases "$SOCK" | has "/$1/" || return 0
     sleep 0.1
   done
   fail "lease of $1 still held: $(leases "$SOCK")"
@@ -149,18 +149,18 @@ test_podman_two_containers_ping_each_other_and_internet() {
   # Alias IPs from the node's pool, recorded by the daemon under podman's container IDs.
   distinct_in "$POD_RANGE" "$ip1" "$ip2" ||
     fail "addresses $ip1 $ip2 not distinct addresses of $POD_RANGE"
-  leases "$SOCK" | grep -qx "$ip1 aliasnet/$id1/eth0" || fail "no lease for c1: $(leases "$SOCK")"
-  leases "$SOCK" | grep -qx "$ip2 aliasnet/$id2/eth0" || fail "no lease for c2: $(leases "$SOCK")"
+  leases "$SOCK" | has -x "$ip1 aliasnet/$id1/eth0" || fail "no lease for c1: $(leases "$SOCK")"
+  leases "$SOCK" | has -x "$ip2 aliasnet/$id2/eth0" || fail "no lease for c2: $(leases "$SOCK")"
   # Pod wiring: /32 on eth0, default via the link-local gateway.
-  pm exec c1 ip -4 -o addr show eth0 | grep -q "$ip1/32" || fail "c1 eth0 is not a /32"
-  pm exec c1 ip route | grep -q '^default via 169.254.1.1' || fail "c1 has no default via 169.254.1.1"
+  pm exec c1 ip -4 -o addr show eth0 | has "$ip1/32" || fail "c1 eth0 is not a /32"
+  pm exec c1 ip route | has '^default via 169.254.1.1' || fail "c1 has no default via 169.254.1.1"
   pm exec c1 ping -c 2 -W 2 "$ip2" >/dev/null || fail "c1 cannot ping c2"
   pm exec c2 ping -c 2 -W 2 "$ip1" >/dev/null || fail "c2 cannot ping c1"
   pm exec c1 ping -c 2 -W 2 203.0.113.10 >/dev/null || fail "c1 cannot ping the internet host"
   in_ns "anp-i-$RT_ID" ping -c 1 -W 2 "$ip2" >/dev/null || fail "the internet host cannot reach c2 (no encapsulation, routed)"
   # Both attached to the datapath under podman's container IDs, their traffic classified.
-  attached_pods | grep -qx "$id1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
-  attached_pods | grep -qx "$id2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
+  attached_pods | has -x "$id1 $ip1" || fail "c1 not attached to the datapath: $(attached_pods)"
+  attached_pods | has -x "$id2 $ip2" || fail "c2 not attached to the datapath: $(attached_pods)"
   local inet
   inet=$(pods_json | jq --arg id "$id1" '.[] | select(.container_id == $id) | .egress.internet.packets')
   ((inet >= 2)) || fail "c1's 2 pings to the internet host counted as $inet internet packets"
@@ -172,8 +172,8 @@ test_podman_two_containers_ping_each_other_and_internet() {
   # podman stop: the cleanup process sends DEL; the address is released.
   pm stop -t 0 c1 >/dev/null
   wait_no_lease "$id1"
-  ip -n "$NODE" route show "$ip1/32" | grep -q . && fail "route to $ip1 left after stop"
-  leases "$SOCK" | grep -q "/$id2/" || fail "stopping c1 released c2's lease"
+  ip -n "$NODE" route show "$ip1/32" | has . && fail "route to $ip1 left after stop"
+  leases "$SOCK" | has "/$id2/" || fail "stopping c1 released c2's lease"
   pm exec c2 ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "c2 lost connectivity when c1 stopped"
   # podman rm -f of a running container.
   pm rm -f -t 0 c2 >/dev/null
@@ -201,12 +201,12 @@ test_podman_dual_stack_containers() {
   distinct_in "$POD_RANGE6" "$a1" "$a2" ||
     fail "IPv6 addresses '$a1' '$a2' not distinct addresses of $POD_RANGE6"
   [[ -n $ip1 && -n $ip2 ]] || fail "no IPv4 address next to the IPv6 one"
-  leases "$SOCK" | grep -qx "$a1 aliasnet/$id1/eth0" || fail "no IPv6 lease for c1: $(leases "$SOCK")"
-  leases "$SOCK" | grep -qx "$ip1 aliasnet/$id1/eth0" || fail "no IPv4 lease for c1: $(leases "$SOCK")"
-  pm inspect -f '{{.NetworkSettings.GlobalIPv6Address}}' c1 | grep -qx "$a1" ||
+  leases "$SOCK" | has -x "$a1 aliasnet/$id1/eth0" || fail "no IPv6 lease for c1: $(leases "$SOCK")"
+  leases "$SOCK" | has -x "$ip1 aliasnet/$id1/eth0" || fail "no IPv4 lease for c1: $(leases "$SOCK")"
+  pm inspect -f '{{.NetworkSettings.GlobalIPv6Address}}' c1 | has -x "$a1" ||
     fail "podman does not report c1's IPv6 address: $(pm inspect -f '{{json .NetworkSettings}}' c1)"
-  pm exec c1 ip -6 -o addr show eth0 | grep -q "$a1/128" || fail "c1 eth0 IPv6 is not a /128"
-  pm exec c1 ip -6 route | grep -q '^default via fe80::1' || fail "c1 has no IPv6 default via fe80::1"
+  pm exec c1 ip -6 -o addr show eth0 | has "$a1/128" || fail "c1 eth0 IPv6 is not a /128"
+  pm exec c1 ip -6 route | has '^default via fe80::1' || fail "c1 has no IPv6 default via fe80::1"
   pm exec c1 ping -6 -c 2 -W 2 "$a2" >/dev/null || fail "c1 cannot ping c2 over IPv6"
   pm exec c2 ping -6 -c 2 -W 2 "$a1" >/dev/null || fail "c2 cannot ping c1 over IPv6"
   pm exec c1 ping -6 -c 2 -W 2 2001:db8::10 >/dev/null || fail "c1 cannot ping the internet host over IPv6"
@@ -214,14 +214,14 @@ test_podman_dual_stack_containers() {
   in_ns "anp-i-$RT_ID" ping -6 -c 1 -W 2 "$a2" >/dev/null || fail "the internet host cannot reach c2 over IPv6"
   assert_eq "$(in_ns "$NODE" sysctl -n net.ipv6.conf.all.forwarding)" 1 "node IPv6 forwarding"
   # The datapath knows both addresses and counts the IPv6 internet traffic.
-  attached_pods | grep -qx "$id1 $ip1,$a1" || fail "c1 not attached with both addresses: $(attached_pods)"
+  attached_pods | has -x "$id1 $ip1,$a1" || fail "c1 not attached with both addresses: $(attached_pods)"
   local inet
   inet=$(pods_json | jq --arg id "$id1" '.[] | select(.container_id == $id) | .egress.internet.packets')
   ((inet >= 4)) || fail "c1's 4 pings to the internet host counted as $inet internet packets"
 
   pm stop -t 0 c1 >/dev/null
   wait_no_lease "$id1"
-  ip -n "$NODE" -6 route show "$a1/128" | grep -q . && fail "route to $a1 left after stop"
+  ip -n "$NODE" -6 route show "$a1/128" | has . && fail "route to $a1 left after stop"
   pm exec c2 ping -6 -c 1 -W 2 2001:db8::10 >/dev/null || fail "c2 lost IPv6 connectivity when c1 stopped"
   pm rm -f -t 0 c2 >/dev/null
   wait_no_lease "$id2"
@@ -239,7 +239,7 @@ test_podman_restart_readds_and_releases() {
   pm stop -t 0 c1 >/dev/null
   wait_no_lease "$id1"
   pm start c1 >/dev/null || fail "podman start c1"
-  leases "$SOCK" | grep -q "/$id1/" || fail "no lease after start"
+  leases "$SOCK" | has "/$id1/" || fail "no lease after start"
   pm exec c1 ping -c 1 -W 2 203.0.113.10 >/dev/null || fail "no connectivity after restart"
   pm rm -f -t 0 c1 >/dev/null
   wait_no_lease "$id1"
