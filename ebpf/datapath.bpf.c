@@ -6,8 +6,9 @@
  * class that shapes it.
  *
  *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): drop what is not from
- *                    the pod's address (see from_pod()), count, drop blocked, clamp the TCP
- *                    windows of a pod with an ingress limit (see pod_tcp())
+ *                    the pod's address (see from_pod()), count, drop blocked, police the
+ *                    pod's egress limits (see policed()), clamp the TCP windows of a pod
+ *                    with an ingress limit (see pod_tcp())
  *   an_host_egress   host veth egress   (pod ingress, remote = src): count, drop blocked,
  *                    leaf of the pod's ingress limit, CE-mark above it (see shape_remote())
  *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = leaf of the internet
@@ -18,7 +19,8 @@
  * Every shaped class has a sparse and a bulk leaf; pick_sparse() chooses (see an_flows).
  * The parts live in lib/ by concern: parse.h (packet headers), classify.h (prefix match),
  * counters.h, queue.h (queue model, CE marks), flow.h (flow isolation), shape.h (leaf and
- * model of forwarded traffic), wndclamp.h (handshakes, MSS and window clamps), maps.h.
+ * model of forwarded traffic), police.h (the host veth's backstop of the egress limits),
+ * wndclamp.h (handshakes, MSS and window clamps), maps.h.
  *
  * The per-pod programs run as direct-action cls_bpf filters (clsact), an_uplink
  * with TCX. Paths that do not decide return TC_ACT_UNSPEC: the next filter runs
@@ -30,6 +32,7 @@
 #include "lib/counters.h"
 #include "lib/queue.h"
 #include "lib/flow.h"
+#include "lib/police.h"
 #include "lib/shape.h"
 #include "lib/wndclamp.h"
 
@@ -116,12 +119,16 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	count(slot, dir, class, &p);
 	if (class == AN_CLASS_BLOCKED)
 		return TC_ACT_SHOT;
+	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
+	if (dir == AN_DIR_EGRESS && meta && policed(slot, meta, class, &p)) {
+		count_policed(slot, &p);
+		return TC_ACT_SHOT;
+	}
 	/*
 	 * Ports are read only for unfragmented TCP and UDP, and a TCP port is never 0. The
 	 * node cap shapes what the pods send to the internet: those connections are clamped
 	 * too while a cap is set.
 	 */
-	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 	if (p.proto == IPPROTO_TCP && p.ports) {
 		int ingress_limited = pod->flags & AN_POD_INGRESS_LIMIT;
 		int capped = class == AN_CLASS_INTERNET && cfg && cfg->node_internet_cap;

@@ -43,6 +43,8 @@ pub struct Drops {
     pub blocked: u64,
     /// Sent by the pod with a source address not its own, dropped on the host veth.
     pub spoofed: u64,
+    /// Above the pod's egress limits, dropped on the host veth (its own shaping was removed).
+    pub policed: u64,
     /// Dropped by the shaping queues; `null` when they could not be read.
     pub rate_ingress: Option<u64>,
     pub rate_egress: Option<u64>,
@@ -111,6 +113,7 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
             blocked: r.counters.get(Direction::Egress, Class::Blocked).packets
                 + r.counters.get(Direction::Ingress, Class::Blocked).packets,
             spoofed: r.counters.spoofed.packets,
+            policed: r.counters.policed.packets,
             rate_ingress: match (&stats, m.ingress_rate != 0) {
                 (_, false) => Some(0),
                 (Some(s), true) => Some(s.ingress.map_or(0, |q| q.drops)),
@@ -159,6 +162,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
         "IN INTERNET>",
         "BLOCKED PKTS>",
         "SPOOFED PKTS>",
+        "POLICED PKTS>",
         "RATE DROPS>",
     ]);
     let b = |c: Count| format!("{}B", si(c.bytes as f64));
@@ -183,6 +187,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
             b(p.ingress.internet),
             p.drops.blocked.to_string(),
             p.drops.spoofed.to_string(),
+            p.drops.policed.to_string(),
             drops,
         ]);
     }

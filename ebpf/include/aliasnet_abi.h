@@ -23,7 +23,7 @@
 
 #include <linux/types.h>
 
-#define AN_ABI_VERSION 5
+#define AN_ABI_VERSION 6
 
 /* Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower). */
 #define AN_MAX_PODS 1024
@@ -153,13 +153,16 @@ _Static_assert(sizeof(struct an_counter) == 16, "an_counter size");
  * pod sent that the host veth dropped because it is not from the pod's own address: IPv4
  * or IPv6 with another source (IPv6 link-scoped traffic aside, see from_pod()), or a frame
  * still VLAN-tagged after the kernel took off the outer tag (see host_side()). Those are in
- * no class. IPv4 and IPv6 count into the same cells.
+ * no class. `policed` counts what the host veth dropped above the pod's egress limits (see
+ * lib/police.h); those are also in their class, as blocked packets are. IPv4 and IPv6 count
+ * into the same cells.
  */
 struct an_pod_counters {
 	struct an_counter dir[AN_NR_DIRS][AN_NR_CLASSES];
 	struct an_counter spoofed;
+	struct an_counter policed;
 };
-_Static_assert(sizeof(struct an_pod_counters) == 144, "an_pod_counters size");
+_Static_assert(sizeof(struct an_pod_counters) == 160, "an_pod_counters size");
 
 /* an_node_ctrs[0]: per-CPU, traffic the uplink program put into the node cap class. */
 struct an_node_counters {
@@ -217,14 +220,18 @@ _Static_assert(sizeof(struct an_pod_key) == 144, "an_pod_key size");
  * aliasnet_tuning.h), with its CE-mark and drop counters and the bitmaps of the flows with
  * a backlog in its bulk leaf (an_flows buckets): those that sent a bulk packet in the
  * current epoch of AN_FLOW_EPOCH_NS, and in the one before.
- * Index: slot * AN_VQ_PER_POD + AN_VQ_{INGRESS,EGRESS,INTERNET}, or AN_VQ_NODE_CAP.
+ * Index: slot * AN_VQ_PER_POD + AN_VQ_{INGRESS,EGRESS,INTERNET,POLICE_*}, or AN_VQ_NODE_CAP.
+ * The two police entries are the host veth's backstop of the egress limits (lib/police.h):
+ * only their t_empty is used.
  */
-#define AN_VQ_PER_POD 3
+#define AN_VQ_PER_POD 5
 #define AN_VQ_INGRESS 0  /* host veth egress: the pod's ingress limit (HTB 1:1) */
 #define AN_VQ_EGRESS 1   /* pod eth0: the pod's total egress limit (HTB 1:1) */
 #define AN_VQ_INTERNET 2 /* pod eth0: the pod's internet-egress limit (HTB 1:10) */
-#define AN_VQ_NODE_CAP 3072
-#define AN_VQ_ENTRIES 3073
+#define AN_VQ_POLICE_EGRESS 3   /* host veth ingress: backstop of the total egress limit */
+#define AN_VQ_POLICE_INTERNET 4 /* host veth ingress: backstop of the internet-egress limit */
+#define AN_VQ_NODE_CAP 5120
+#define AN_VQ_ENTRIES 5121
 _Static_assert(AN_VQ_NODE_CAP == AN_MAX_PODS * AN_VQ_PER_POD && AN_VQ_ENTRIES == AN_VQ_NODE_CAP + 1,
 	       "an_vqueue index");
 

@@ -99,6 +99,19 @@
 #define AN_FLOW_EPOCH_NS 100000000
 
 /*
+ * The backstop of a pod's egress limits on its host veth (lib/police.h). The pod's HTB,
+ * which shapes its egress, is in the pod's namespace, where CAP_NET_ADMIN can remove it; the
+ * host veth polices what arrives at AN_POLICE_RATE_PCT % of each egress limit, letting
+ * through a backlog of the limit's HTB burst, the pod's largest GSO aggregate and
+ * AN_POLICE_SLACK_NS of the limit (at least AN_POLICE_SLACK_FRAMES frames): room for HTB's
+ * own overshoot and for packets the host's softirq delayed and then delivered at once, so
+ * that nothing the pod's HTB released is ever dropped.
+ */
+#define AN_POLICE_RATE_PCT 110
+#define AN_POLICE_SLACK_NS 100000000
+#define AN_POLICE_SLACK_FRAMES 8
+
+/*
  * The window clamp (an_conns). Traffic to a pod with an ingress limit comes from remote
  * senders whose congestion control the shaper cannot signal without losses when it
  * ignores ECN (BBRv1 overshoots any drop-tail queue in its startup), so the pod's

@@ -31,6 +31,17 @@ static __always_inline void count_spoofed(__u32 slot, const struct an_pkt *p)
 	}
 }
 
+/* Counts a packet of the pod's that the host veth dropped above its egress limits. */
+static __always_inline void count_policed(__u32 slot, const struct an_pkt *p)
+{
+	struct an_pod_counters *c = bpf_map_lookup_elem(&an_counters, &slot);
+
+	if (c) {
+		c->policed.packets += p->segs;
+		c->policed.bytes += p->bytes;
+	}
+}
+
 /* Counts a packet the uplink program put into the node cap class. */
 static __always_inline void count_capped(const struct an_pkt *p)
 {

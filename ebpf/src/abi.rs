@@ -16,7 +16,7 @@ use aya::maps::MapType;
 use crate::maps;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
@@ -100,13 +100,16 @@ pub fn flow_bucket(
     h & (FLOW_BUCKETS - 1)
 }
 
-/// `an_vqueue` index: `slot * VQ_PER_POD + VQ_{INGRESS,EGRESS,INTERNET}`, or `VQ_NODE_CAP`.
-pub const VQ_PER_POD: u32 = 3;
+/// `an_vqueue` index: `slot * VQ_PER_POD + VQ_{INGRESS,EGRESS,INTERNET,POLICE_*}`, or
+/// `VQ_NODE_CAP`. The police entries are the host veth's backstop of the egress limits.
+pub const VQ_PER_POD: u32 = 5;
 pub const VQ_INGRESS: u32 = 0;
 pub const VQ_EGRESS: u32 = 1;
 pub const VQ_INTERNET: u32 = 2;
-pub const VQ_NODE_CAP: u32 = 3072;
-pub const VQ_ENTRIES: u32 = 3073;
+pub const VQ_POLICE_EGRESS: u32 = 3;
+pub const VQ_POLICE_INTERNET: u32 = 4;
+pub const VQ_NODE_CAP: u32 = 5120;
+pub const VQ_ENTRIES: u32 = 5121;
 
 // The tuning constants used to live here; they stay reachable as `abi::*` for existing users.
 pub use crate::tuning::{
@@ -279,15 +282,17 @@ impl core::ops::AddAssign for Counter {
     }
 }
 
-/// `struct an_pod_counters`: `dir[direction][class]`, and what the pod sent that the host
-/// veth dropped as not from its own address (`spoofed`, in no class).
+/// `struct an_pod_counters`: `dir[direction][class]`, what the pod sent that the host veth
+/// dropped as not from its own address (`spoofed`, in no class), and what it dropped above
+/// the pod's egress limits (`policed`, also counted in its class).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodCounters {
     pub dir: [[Counter; NR_CLASSES]; NR_DIRS],
     pub spoofed: Counter,
+    pub policed: Counter,
 }
-const _: () = assert!(core::mem::size_of::<PodCounters>() == 144);
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 160);
 
 impl PodCounters {
     pub fn get(&self, dir: Direction, class: Class) -> Counter {
@@ -303,6 +308,7 @@ impl core::ops::AddAssign for PodCounters {
             }
         }
         self.spoofed += rhs.spoofed;
+        self.policed += rhs.policed;
     }
 }
 

@@ -106,6 +106,18 @@ pub const SPARSE_RATE_DIV: u64 = 4;
 /// Epoch of the bulk-flow bitmaps in `an_vqueue`.
 pub const FLOW_EPOCH_NS: u64 = 100_000_000;
 
+/// The host veth's backstop of a pod's egress limits: it drains at `POLICE_RATE_PCT` % of
+/// the limit and lets through a backlog of the limit's HTB burst, the pod's largest GSO
+/// aggregate and `POLICE_SLACK_NS` of the limit (at least `POLICE_SLACK_FRAMES` frames).
+pub const POLICE_RATE_PCT: u64 = 110;
+pub const POLICE_SLACK_NS: u64 = 100_000_000;
+pub const POLICE_SLACK_FRAMES: u64 = 8;
+
+/// The rate the backstop of a limit at `rate` drains at (`police_rate()` in the programs).
+pub fn police_rate(rate: u64) -> u64 {
+    rate / 100 * POLICE_RATE_PCT + rate % 100 * POLICE_RATE_PCT / 100
+}
+
 /// The window clamp: rate x RTT plus this much queue, at least `WND_MIN_FRAMES` frames for
 /// the class and `WND_MIN_FLOW_FRAMES` per connection.
 pub const WND_QUEUE_NS: u64 = 16_000_000;
@@ -215,6 +227,32 @@ mod tests {
                     century.checked_add(2 * t).is_some(),
                     "{burst} at {rate}: {t}"
                 );
+            }
+        }
+    }
+
+    /// For every rate `Limits` accepts, the backstop's rate is within a bit/s of
+    /// `POLICE_RATE_PCT` % of it, and its tolerance (class credit, a 512 KiB GSO aggregate,
+    /// the slack or its frames) added to a century of uptime cannot wrap.
+    #[test]
+    fn police_rate_and_tolerance_cannot_wrap() {
+        let accepted = || {
+            RATES
+                .into_iter()
+                .filter(|r| (MIN_RATE..=MAX_RATE).contains(r))
+        };
+        for rate in accepted() {
+            let exact = u128::from(rate) * u128::from(POLICE_RATE_PCT) / 100;
+            assert!(u128::from(police_rate(rate)).abs_diff(exact) <= 1, "{rate}");
+        }
+        let century = 100 * 365 * 86_400 * 1_000_000_000u64;
+        let gso = 524_288 + 65_535 * (ETH_HLEN + 60 + 60);
+        for rate in accepted() {
+            for frame in [MIN_FRAME, frame_of_mtu(9000), frame_of_mtu(65_535)] {
+                let s = Shape::new(rate, Some(MAX_RATE), frame);
+                let slack = tx_ns(POLICE_SLACK_FRAMES * frame, rate).max(POLICE_SLACK_NS);
+                let tol = burst_ns(s.burst_bytes, rate) + tx_ns(gso, rate) + slack;
+                assert!(century.checked_add(2 * tol).is_some(), "{rate} {frame}");
             }
         }
     }

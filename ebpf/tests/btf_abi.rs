@@ -115,7 +115,7 @@ fn mirrors() -> Vec<Mirror> {
         ),
         mirror!("an_pod", abi::Pod, [slot, flags, ipv4, reserved, ipv6]),
         mirror!("an_counter", abi::Counter, [packets, bytes]),
-        mirror!("an_pod_counters", abi::PodCounters, [dir, spoofed]),
+        mirror!("an_pod_counters", abi::PodCounters, [dir, spoofed, policed]),
         mirror!("an_node_counters", abi::NodeCounters, [capped, reserved]),
         mirror!(
             "an_pod_meta",

@@ -63,6 +63,8 @@ mod abi_header {
             ("AN_VQ_INGRESS", VQ_INGRESS.into()),
             ("AN_VQ_EGRESS", VQ_EGRESS.into()),
             ("AN_VQ_INTERNET", VQ_INTERNET.into()),
+            ("AN_VQ_POLICE_EGRESS", VQ_POLICE_EGRESS.into()),
+            ("AN_VQ_POLICE_INTERNET", VQ_POLICE_INTERNET.into()),
             ("AN_VQ_NODE_CAP", VQ_NODE_CAP.into()),
             ("AN_VQ_ENTRIES", VQ_ENTRIES.into()),
         ];
@@ -152,6 +154,9 @@ mod tuning_header {
             ("AN_FLOW_GUARD_FRAMES", FLOW_GUARD_FRAMES),
             ("AN_SPARSE_RATE_DIV", SPARSE_RATE_DIV),
             ("AN_FLOW_EPOCH_NS", FLOW_EPOCH_NS),
+            ("AN_POLICE_RATE_PCT", POLICE_RATE_PCT),
+            ("AN_POLICE_SLACK_NS", POLICE_SLACK_NS),
+            ("AN_POLICE_SLACK_FRAMES", POLICE_SLACK_FRAMES),
             ("AN_WND_QUEUE_NS", WND_QUEUE_NS),
             ("AN_WND_MIN_FRAMES", WND_MIN_FRAMES),
             ("AN_WND_MIN_FLOW_FRAMES", WND_MIN_FLOW_FRAMES),

@@ -50,6 +50,8 @@ struct Cell {
     zero_seconds: usize,
     retrans_pct: f64,
     retransmits: u64,
+    /// Packets the host veth's backstop dropped: the pod's own HTB shapes, so none.
+    policed: u64,
 }
 
 impl Cell {
@@ -66,6 +68,9 @@ impl Cell {
                 "{} retransmits ({:.2} % of segments)",
                 self.retransmits, self.retrans_pct
             ));
+        }
+        if self.policed > 0 {
+            p.push(format!("{} packets policed on the host veth", self.policed));
         }
         p
     }
@@ -118,7 +123,7 @@ fn measure_on(kind: Kind, rate: u64, links: Links) -> Cell {
     };
     let mut dp = f.open();
     let att = f.attachment(limits);
-    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let slot = f.in_node(|| dp.attach_pod(&att)).expect("attach").slot;
     // The receiver runs the client and measures; the sender is the server (-R). The
     // sender's kernel counts what it sent and retransmitted (the segment size can be lowered
     // by the handshake's MSS option, so bytes / MSS would not do).
@@ -130,6 +135,7 @@ fn measure_on(kind: Kind, rate: u64, links: Links) -> Cell {
     };
     let after = tcp_segments(&f, sender);
     let (out_segs, retransmits) = (after.0 - before.0, after.1 - before.1);
+    let policed = dp.counters_of(slot).expect("counters").policed.packets;
     let received = v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .unwrap_or_else(|| panic!("iperf3 result: {v}"));
@@ -146,6 +152,7 @@ fn measure_on(kind: Kind, rate: u64, links: Links) -> Cell {
         zero_seconds,
         retrans_pct: 100.0 * retransmits as f64 / out_segs.max(1) as f64,
         retransmits,
+        policed,
     }
 }
 

@@ -476,6 +476,11 @@ impl Node {
 
     /// CHECK a pod.
     pub fn check_pod(&self, pod: &Pod) -> Outcome {
+        self.check_pod_with(pod, None)
+    }
+
+    /// CHECK a pod added with `runtime_config` (as [`Node::add_pod_with`]).
+    pub fn check_pod_with(&self, pod: &Pod, runtime_config: Option<&Value>) -> Outcome {
         let inv = Invocation::new(
             "CHECK",
             &pod.container_id,
@@ -483,7 +488,7 @@ impl Node {
             &pod.ifname,
         )
         .args(&Self::k8s_args(&pod.name, &pod.container_id));
-        self.cni(&inv, &self.plugin_config(Some(&pod.result), None))
+        self.cni(&inv, &self.plugin_config(Some(&pod.result), runtime_config))
     }
 
     /// Host-side veths of ours (`ali*`) currently in the node.

@@ -174,6 +174,64 @@ fn internet_egress_is_shaped_while_internal_traffic_is_not() {
             "{what} goodput {bps} bit/s under a 20 Mbit/s egress limit"
         );
     }
+    // The pods' own HTB shaped all of it: the host veth's backstop dropped nothing.
+    for p in [&s, &t] {
+        assert_eq!(
+            n.record(p).counters.policed,
+            Counter::default(),
+            "{}",
+            p.name
+        );
+    }
+}
+
+/// A pod holding CAP_NET_ADMIN in its namespace deletes its own HTB and the filter that
+/// feeds it: its egress limit still holds, enforced by the host veth it cannot touch, the
+/// drops are counted as policed, and CHECK reports the missing filter.
+#[test]
+fn a_pod_that_removes_its_own_shaping_stays_within_its_egress_limit() {
+    require_root();
+    let f = Fabric::with_limits(DEFAULT_POLICY, "1.0.0");
+    let n = f.node(1);
+    let peer = n.add_pod("peer").unwrap();
+    let rc = json!({"bandwidth": {"egressRate": 20_000_000u64, "egressBurst": 4_294_967_295u64}});
+    let t = n.add_pod_with("tamper", Some(&rc)).unwrap();
+    assert!(
+        n.check_pod_with(&t, Some(&rc)).ok(),
+        "CHECK before: {}",
+        n.check_pod_with(&t, Some(&rc)).error_msg()
+    );
+    for qdisc in ["root", "clsact"] {
+        t.ns.exec("tc", &["qdisc", "del", "dev", &t.ifname, qdisc])
+            .unwrap_or_else(|e| panic!("the pod deletes its {qdisc} qdisc: {e:#}"));
+    }
+    let left =
+        t.ns.exec("tc", &["qdisc", "show", "dev", &t.ifname])
+            .unwrap();
+    let left = String::from_utf8_lossy(&left.stdout).into_owned();
+    assert!(
+        !left.contains("htb") && !left.contains("clsact"),
+        "the pod's shaping is still there: {left}"
+    );
+    let to_peer = iperf(&t.ns, &peer.ns, peer.ip);
+    let to_internet = iperf(&t.ns, &f.internet, INTERNET_IP);
+    let policed = n.record(&t).counters.policed;
+    eprintln!(
+        "20M egress limit without the pod's HTB: internal {:.2} Mbit/s, internet {:.2} Mbit/s, policed {policed:?}",
+        to_peer / 1e6,
+        to_internet / 1e6
+    );
+    // The backstop drains at 110 % of the limit, after a burst of ~0.12 s of it.
+    for (what, bps) in [("internal", to_peer), ("internet", to_internet)] {
+        assert!(
+            (5e6..=24e6).contains(&bps),
+            "{what} goodput {bps} bit/s without the pod's HTB, limit 20 Mbit/s"
+        );
+    }
+    assert!(policed.packets > 0, "nothing counted as policed");
+    let check = n.check_pod_with(&t, Some(&rc));
+    assert!(!check.ok(), "CHECK passed without the pod-side filter");
+    eprintln!("CHECK: {}", check.error_msg());
 }
 
 #[test]

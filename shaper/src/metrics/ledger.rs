@@ -7,8 +7,12 @@ use aliasnet_ebpf::abi::{self, PodCounters};
 use super::snapshot::{PodSample, Snapshot};
 
 fn wrapping_sub(a: &mut PodCounters, b: &PodCounters) {
-    let cells = a.dir.iter_mut().flatten().chain([&mut a.spoofed]);
-    for (x, y) in cells.zip(b.dir.iter().flatten().chain([&b.spoofed])) {
+    let cells = a
+        .dir
+        .iter_mut()
+        .flatten()
+        .chain([&mut a.spoofed, &mut a.policed]);
+    for (x, y) in cells.zip(b.dir.iter().flatten().chain([&b.spoofed, &b.policed])) {
         x.packets = x.packets.wrapping_sub(y.packets);
         x.bytes = x.bytes.wrapping_sub(y.bytes);
     }

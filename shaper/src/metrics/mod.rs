@@ -19,8 +19,9 @@
 //! `direction` is seen from the pod (egress = sent by the pod); `class` is internal, internet
 //! or blocked (the node totals also carry `other`: ARP and non-IPv4). Bytes are L2 frame
 //! bytes on the host veth. `reason` is `blocked` (dropped by policy in the classifier),
-//! `spoofed` (egress only: sent from an address not the pod's, dropped on the host veth) or
-//! `rate` (dropped by the pod's shaping queue; read by [`Exporter::sample`], every 5 s in
+//! `spoofed` (egress only: sent from an address not the pod's, dropped on the host veth),
+//! `policed` (egress only: above the pod's egress limits, dropped on the host veth, which
+//! happens only when the pod removed its own shaping) or `rate` (dropped by the pod's shaping queue; read by [`Exporter::sample`], every 5 s in
 //! shaperd, because it takes a netns switch per pod). With `--aggregate namespace` the per-pod
 //! families carry `namespace` instead of `namespace, pod`, and the limit gauges are left out.
 //!

@@ -100,7 +100,7 @@ impl Collector for Families {
         )?;
         let mut m = enc.encode_descriptor(
             "aliasnet_pod_drops",
-            "Packets of the pod dropped by node policy (reason=blocked), by its bandwidth limit's queue (reason=rate), or on its host veth as sent from an address not its own (reason=spoofed, egress only).",
+            "Packets of the pod dropped by node policy (reason=blocked), by its bandwidth limit's queue (reason=rate), on its host veth as sent from an address not its own (reason=spoofed, egress only), or on its host veth above its egress limits when its own shaping was removed (reason=policed, egress only).",
             None,
             MetricType::Counter,
         )?;
@@ -115,6 +115,9 @@ impl Collector for Families {
             }
             let (l, n) = g.labels("direction", Direction::Egress.name(), "reason", "spoofed");
             ConstCounter::new(g.totals.counters.spoofed.packets)
+                .encode(m.encode_family(&&l[..n])?)?;
+            let (l, n) = g.labels("direction", Direction::Egress.name(), "reason", "policed");
+            ConstCounter::new(g.totals.counters.policed.packets)
                 .encode(m.encode_family(&&l[..n])?)?;
         }
         if self.limits {
@@ -313,6 +316,10 @@ mod tests {
             packets: 4,
             bytes: 400,
         };
+        a.counters.policed = Counter {
+            packets: 9,
+            bytes: 900,
+        };
         let b = pod(1, "team", "b", counters(1, 0));
         let text = scrape(
             &mut l,
@@ -355,6 +362,13 @@ mod tests {
                 r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="ingress",reason="spoofed"}"#
             ),
             None
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="egress",reason="policed"}"#
+            ),
+            Some(9)
         );
         assert_eq!(
             value(
