@@ -240,6 +240,7 @@ fn collect(g: &Global, o: &Options) -> Report {
                             ("an_host_ingress (ingress hook of the host veth)", &p.host_ingress),
                             ("an_host_egress (egress hook of the host veth)", &p.host_egress),
                             ("an_pod_egress (egress hook of the pod's interface)", &p.pod_egress),
+                            ("the HTB of its egress limits (on the pod's interface)", &p.pod_htb),
                         ] {
                             let problem = match a {
                                 Attach::Missing => format!("{what} is not attached"),

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use aliasnet_ebpf::{
     netlink::{NetlinkError, Rtnl},
-    Datapath, HookState, PodRecord,
+    Datapath, HookState, PodRecord, QdiscState,
 };
 use aya::programs::{tc::TcAttachType, SchedClassifier};
 use serde::Serialize;
@@ -191,19 +191,36 @@ impl From<HookState> for Attach {
     }
 }
 
-/// The pod's three program attachments.
+impl From<QdiscState> for Attach {
+    fn from(q: QdiscState) -> Self {
+        match q {
+            QdiscState::Present => Attach::Attached,
+            QdiscState::Missing => Attach::Missing,
+            QdiscState::NotNeeded => Attach::NotNeeded,
+            QdiscState::Unknown(why) => Attach::Unknown(why),
+        }
+    }
+}
+
+/// The pod's three program attachments, and the HTB of its egress limits.
 #[derive(Debug, Clone, Serialize)]
 pub struct Programs {
     pub host_ingress: Attach,
     pub host_egress: Attach,
     pub pod_egress: Attach,
+    pub pod_htb: Attach,
 }
 
 impl Programs {
     pub fn complete(&self) -> bool {
-        [&self.host_ingress, &self.host_egress, &self.pod_egress]
-            .iter()
-            .all(|a| matches!(a, Attach::Attached | Attach::NotNeeded))
+        [
+            &self.host_ingress,
+            &self.host_egress,
+            &self.pod_egress,
+            &self.pod_htb,
+        ]
+        .iter()
+        .all(|a| matches!(a, Attach::Attached | Attach::NotNeeded))
     }
 }
 
@@ -215,5 +232,6 @@ pub fn programs_of(dp: &Datapath, rec: &PodRecord) -> Programs {
         host_ingress: h.host_ingress.into(),
         host_egress: h.host_egress.into(),
         pod_egress: h.pod_egress.into(),
+        pod_htb: h.pod_htb.into(),
     }
 }

@@ -323,6 +323,7 @@ fn human(s: &Status) -> String {
             "HOST INGRESS",
             "HOST EGRESS",
             "POD EGRESS",
+            "POD HTB",
         ]);
         for p in &s.datapath.pods {
             t.row(vec![
@@ -334,6 +335,7 @@ fn human(s: &Status) -> String {
                 p.programs.host_ingress.short().into(),
                 p.programs.host_egress.short().into(),
                 p.programs.pod_egress.short().into(),
+                p.programs.pod_htb.short().into(),
             ]);
         }
         o.push_str(&t.render());

@@ -59,7 +59,8 @@ pub use error::{DatapathError, MultiError};
 pub use limits::{CniBandwidth, LimitError, Limits};
 pub use object::{datapath_object, MissingObject};
 pub use pod::{
-    AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord, ShapingStats, Teardown,
+    AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord, QdiscState,
+    ShapingStats, Teardown,
 };
 pub use policy::{resolve_uplink, NodePolicy, PolicyReport};
 pub use shape::{DeviceSizes, Shape};

@@ -242,24 +242,39 @@ fn serve(path: &std::path::Path) -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async {
+        // Before the socket exists: a SIGTERM that arrives as soon as the daemon is ready
+        // (a pod stopped right after it started) must shut it down cleanly, not kill it.
+        let stop = StopSignals::install()?;
         let remover = NetlinkRemover::new().context("opening a netlink socket")?;
         let daemon = Daemon::start(&config, Arc::new(remover))
             .await
             .context("aliasnet-ipamd cannot start")?;
-        wait_for_signal().await?;
+        stop.wait().await;
         tracing::info!("shutting down");
         daemon.shutdown().await;
         Ok(())
     })
 }
 
-async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment they are installed.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }

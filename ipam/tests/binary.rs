@@ -43,6 +43,37 @@ fn terminate(mut child: Child) -> std::process::ExitStatus {
     }
 }
 
+/// A stop signal that arrives the moment the socket appears (a pod stopped right after it
+/// started) is a clean shutdown, never a kill by the signal's default action.
+#[test]
+fn a_signal_as_soon_as_the_socket_appears_stops_cleanly() {
+    let env = Env::new("", "cidrs = [\"10.240.0.0/24\"]");
+    let socket = env.socket();
+    for (i, sig) in [signal::Signal::SIGTERM, signal::Signal::SIGINT]
+        .into_iter()
+        .cycle()
+        .take(20)
+        .enumerate()
+    {
+        let mut child = spawn(&env.config_path());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(child.try_wait().unwrap().is_none(), "daemon exited early");
+            assert!(Instant::now() < deadline, "no socket");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        signal::kill(Pid::from_raw(child.id() as i32), sig).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "round {i}, {sig}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!socket.exists(), "round {i}: socket left behind");
+    }
+}
+
 #[test]
 fn sigterm_stops_cleanly_and_state_survives() {
     let env = Env::new("log_level = \"debug\"", "cidrs = [\"10.240.0.0/24\"]");

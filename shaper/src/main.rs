@@ -222,6 +222,11 @@ async fn metrics_server(
 }
 
 async fn run(mut daemon: Daemon) -> Result<()> {
+    // Before the metrics endpoint answers (the readiness probe): a SIGHUP or SIGTERM that
+    // arrives as soon as the daemon looks ready must be handled, not kill it.
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let (server, exporter) = match metrics_server(&daemon.args).await? {
         Some((server, exporter)) => (Some(server), Some(exporter)),
         None => (None, None),
@@ -235,9 +240,6 @@ async fn run(mut daemon: Daemon) -> Result<()> {
     tokio::pin!(server);
     let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     // The policy was read just before: the first poll is one period away (an interval's
     // first tick is immediate, which would reload a file changed since start without SIGHUP
     // even with a long poll interval).

@@ -71,6 +71,7 @@ fn status_pods_top_and_ipam_describe_the_node() {
         assert_eq!(p["programs"]["host_ingress"], "attached", "{p}");
         assert_eq!(p["programs"]["host_egress"], "attached", "{p}");
         assert_eq!(p["programs"]["pod_egress"], "not_needed", "{p}");
+        assert_eq!(p["programs"]["pod_htb"], "not_needed", "{p}");
     }
     assert_eq!(st["ipamd"]["pools"][0]["allocated"], 2);
     let feature = |name: &str| {

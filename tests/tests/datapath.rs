@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 
 use aliasnet_ebpf::abi::{Class, Counter, Direction};
 use aliasnet_tests::{
+    ctl::{ctl_json, findings},
     datapath::{echoes, ANNOTATIONS, INTERNET_EGRESS},
     fabric::{Fabric, DEFAULT_POLICY, INTERNET_IP, INTERNET_IP2},
     netns::Netns,
@@ -187,7 +188,7 @@ fn internet_egress_is_shaped_while_internal_traffic_is_not() {
 
 /// A pod holding CAP_NET_ADMIN in its namespace deletes its own HTB and the filter that
 /// feeds it: its egress limit still holds, enforced by the host veth it cannot touch, the
-/// drops are counted as policed, and CHECK reports the missing filter.
+/// drops are counted as policed, and CHECK reports the missing HTB and filter.
 #[test]
 fn a_pod_that_removes_its_own_shaping_stays_within_its_egress_limit() {
     require_root();
@@ -204,6 +205,28 @@ fn a_pod_that_removes_its_own_shaping_stays_within_its_egress_limit() {
     for qdisc in ["root", "clsact"] {
         t.ns.exec("tc", &["qdisc", "del", "dev", &t.ifname, qdisc])
             .unwrap_or_else(|e| panic!("the pod deletes its {qdisc} qdisc: {e:#}"));
+        // The HTB first (the filter still classifies), then the filter: CHECK names each.
+        let check = n.check_pod_with(&t, Some(&rc));
+        let want = if qdisc == "root" {
+            "HTB"
+        } else {
+            "an_pod_egress"
+        };
+        assert!(
+            !check.ok() && check.error_msg().contains(want),
+            "CHECK without the pod's {qdisc} qdisc: {}",
+            check.error_msg()
+        );
+        // So does `aliasnetctl doctor`, with the pod to recreate.
+        let report = ctl_json(n, &["doctor", "--grace", "0"], 1);
+        assert!(
+            findings(&report)
+                .iter()
+                .any(|f| f["check"] == "program_missing"
+                    && f["subject"] == "test/tamper"
+                    && f["problem"].as_str().is_some_and(|p| p.contains(want))),
+            "doctor without the pod's {qdisc} qdisc: {report:#}"
+        );
     }
     let left =
         t.ns.exec("tc", &["qdisc", "show", "dev", &t.ifname])
@@ -229,9 +252,6 @@ fn a_pod_that_removes_its_own_shaping_stays_within_its_egress_limit() {
         );
     }
     assert!(policed.packets > 0, "nothing counted as policed");
-    let check = n.check_pod_with(&t, Some(&rc));
-    assert!(!check.ok(), "CHECK passed without the pod-side filter");
-    eprintln!("CHECK: {}", check.error_msg());
 }
 
 #[test]

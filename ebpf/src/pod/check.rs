@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use super::{ifindex, HookState, PodHooks, PodRecord, ShapingStats};
+use super::{ifindex, HookState, PodHooks, PodRecord, QdiscState, ShapingStats};
 use crate::{
     abi,
     datapath::{sum_counters, Datapath},
@@ -61,30 +61,51 @@ impl Datapath {
                 ),
             }
         };
-        let pod_egress = if pod_egress_classes(&rec.meta).is_none() {
-            HookState::NotNeeded
+        let (pod_egress, pod_htb) = if pod_egress_classes(&rec.meta).is_none() {
+            (HookState::NotNeeded, QdiscState::NotNeeded)
         } else {
             let ns = PathBuf::from(abi::cstr(&rec.meta.netns));
             let ifname = rec.ifname();
+            let total = rec.meta.egress_rate != 0;
             match netns::run_in(&ns, || {
                 let i = ifindex(&ifname)?;
-                Ok::<_, DatapathError>(hook_state(
-                    &mut Rtnl::new()?,
+                let mut rt = Rtnl::new()?;
+                let hook = hook_state(
+                    &mut rt,
                     i,
                     Hook::Egress,
                     programs::POD_EGRESS,
                     abi::pod_filter_classid(rec.slot),
-                ))
+                );
+                // The internet class is always there; the other class with a total limit.
+                let htb = match rt.qdisc_stats(i) {
+                    Ok(q)
+                        if leaves_stats(&q, abi::CLASSID_POD_INTERNET).is_some()
+                            && (!total || leaves_stats(&q, abi::CLASSID_POD_OTHER).is_some()) =>
+                    {
+                        QdiscState::Present
+                    }
+                    Ok(_) => QdiscState::Missing,
+                    Err(e) => QdiscState::Unknown(e.to_string()),
+                };
+                Ok::<_, DatapathError>((hook, htb))
             }) {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => HookState::Unknown(e.to_string()),
-                Err(e) => HookState::Unknown(e.to_string()),
+                Ok(Err(e)) => (
+                    HookState::Unknown(e.to_string()),
+                    QdiscState::Unknown(e.to_string()),
+                ),
+                Err(e) => (
+                    HookState::Unknown(e.to_string()),
+                    QdiscState::Unknown(e.to_string()),
+                ),
             }
         };
         PodHooks {
             host_ingress,
             host_egress,
             pod_egress,
+            pod_htb,
         }
     }
 

@@ -194,6 +194,25 @@ impl HookState {
     }
 }
 
+/// Whether the HTB of a pod's egress limits is on its interface, with the leaves the limits
+/// need. A process with CAP_NET_ADMIN in the pod's namespace can delete or replace it; the
+/// host veth then only polices the limits (see `ebpf/lib/police.h`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QdiscState {
+    Present,
+    Missing,
+    /// The pod has no egress limit, so its interface carries no HTB.
+    NotNeeded,
+    /// Could not be checked (device or netns gone, netlink refused).
+    Unknown(String),
+}
+
+impl QdiscState {
+    pub fn is_ok(&self) -> bool {
+        matches!(self, QdiscState::Present | QdiscState::NotNeeded)
+    }
+}
+
 /// The state of a pod's three program hooks ([`Datapath::hooks_of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodHooks {
@@ -203,6 +222,8 @@ pub struct PodHooks {
     pub host_egress: HookState,
     /// `an_pod_egress` on the pod interface's egress (in the pod netns).
     pub pod_egress: HookState,
+    /// The HTB of the pod's egress limits on the same interface.
+    pub pod_htb: QdiscState,
 }
 
 impl PodHooks {
@@ -228,6 +249,18 @@ impl PodHooks {
             )),
             HookState::Unknown(why) => Some(format!(
                 "datapath program {prog} on {dev} {hook} (slot {}) cannot be checked: {why}",
+                rec.slot
+            )),
+            _ => None,
+        })
+        .chain(match &self.pod_htb {
+            QdiscState::Missing => Some(format!(
+                "the HTB of the pod's egress limits is missing from {pod} (slot {}): they are \
+                 only policed on the host veth",
+                rec.slot
+            )),
+            QdiscState::Unknown(why) => Some(format!(
+                "the HTB of the pod's egress limits on {pod} (slot {}) cannot be checked: {why}",
                 rec.slot
             )),
             _ => None,
