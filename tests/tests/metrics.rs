@@ -32,7 +32,8 @@ fn ping(pod: &Pod, dst: Ipv4Addr, n: u32, size: u32, interval: &str) -> u32 {
 /// Known traffic, leases and CNI operations through the real daemons, checked exactly in a
 /// real Prometheus; then every dashboard and rule expression must return data and every
 /// alert must be pending or firing (the scenario provokes each: a full pool, failing
-/// allocations, an unreachable metadata endpoint, blocked traffic).
+/// allocations, an unreachable metadata endpoint, blocked traffic, a pod without its egress
+/// HTB).
 #[test]
 fn prometheus_sees_exact_traffic_and_every_dashboard_and_rule_query_has_data() {
     require_root();
@@ -165,6 +166,21 @@ timeout = "500ms"
     ] {
         prom.wait_value(&expr, want, wait);
     }
+
+    // Pod a deletes its own egress HTB (CAP_NET_ADMIN in its namespace) and floods the
+    // internet far above its 100 Mbit/s limit: the host veth polices it.
+    a.ns.exec("tc", &["qdisc", "del", "dev", &a.ifname, "root"])
+        .expect("a deletes its egress HTB");
+    let dst = INTERNET_IP.to_string();
+    a.ns.exec_status(
+        "ping",
+        &["-q", "-f", "-l", "64", "-s", "1400", "-w", "2", &dst],
+    )
+    .expect("ping -f");
+    prom.wait_data(
+        r#"aliasnet_pod_drops_total{pod="a",direction="egress",reason="policed"} > 0"#,
+        wait,
+    );
 
     // Fill the pool through the plugin until an ADD fails, then check the pool gauges.
     let mut fillers = Vec::new();
