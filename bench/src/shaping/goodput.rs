@@ -32,6 +32,9 @@ struct Sample {
     /// CE marks and pod-side drops by the programs' queue model.
     ce: u64,
     aqm_drops: u64,
+    /// Dropped by the host veth's backstop of the egress limits (none while the pod's HTB
+    /// shapes).
+    policed: u64,
     idle: Ping,
 }
 
@@ -49,6 +52,7 @@ struct ShapeStats {
     qdisc_drops: Vec<f64>,
     ce: Vec<f64>,
     aqm_drops: Vec<f64>,
+    policed: Vec<f64>,
     cc: String,
 }
 
@@ -132,6 +136,7 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
             qdisc_drops: drops1 - drops0,
             ce: aqm1.0 - aqm0.0,
             aqm_drops: aqm1.1 - aqm0.1,
+            policed: aqm1.2 - aqm0.2,
             iperf,
             idle,
         })
@@ -173,7 +178,7 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
                         let conf = rate as f64 / 1e6;
                         let ping = r.ping.unwrap_or_default();
                         eprintln!(
-                            "rep {rep} {:>9} {:?}/{:?} {:<26} goodput {:7.2} ({:5.1}%) L2 {:5.1}% retrans {:5.2}% ping {:6.2}/{:6.2} ms {:2}/{} flow rtt {:5.1} qdisc drops {} ce {} aqm drops {} [load {}]",
+                            "rep {rep} {:>9} {:?}/{:?} {:<26} goodput {:7.2} ({:5.1}%) L2 {:5.1}% retrans {:5.2}% ping {:6.2}/{:6.2} ms {:2}/{} flow rtt {:5.1} qdisc drops {} ce {} aqm drops {} policed {} [load {}]",
                             fmt_rate(rate),
                             cc,
                             dir,
@@ -190,6 +195,7 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
                             x.qdisc_drops,
                             x.ce,
                             x.aqm_drops,
+                            x.policed,
                             loadavg()
                         );
                         b.record(&json!({
@@ -202,7 +208,8 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
                             "ping_received": ping.received, "ping_sent": ping.sent,
                             "idle_avg": x.idle.avg, "flow_rtt_ms": r.flow_rtt,
                             "qdisc_drops": x.qdisc_drops, "ce_marked": x.ce,
-                            "aqm_drops": x.aqm_drops, "intervals": r.intervals,
+                            "aqm_drops": x.aqm_drops, "policed": x.policed,
+                            "intervals": r.intervals,
                             "loadavg": loadavg(),
                         }));
                         let s = stats.entry(key).or_default();
@@ -218,6 +225,7 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
                         s.qdisc_drops.push(x.qdisc_drops as f64);
                         s.ce.push(x.ce as f64);
                         s.aqm_drops.push(x.aqm_drops as f64);
+                        s.policed.push(x.policed as f64);
                         s.cc.clone_from(&r.cc);
                     }
                 }
@@ -238,7 +246,7 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
     );
     let _ = writeln!(
         report,
-        "| CC | rate | direction | config | goodput / configured | L2 / configured | retransmits | ping avg / max ms | ping replies / sent | flow RTT ms | qdisc drops | CE marks | pod-side drops |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| CC | rate | direction | config | goodput / configured | L2 / configured | retransmits | ping avg / max ms | ping replies / sent | flow RTT ms | qdisc drops | CE marks | pod-side drops | host veth policed |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (k, s) in &stats {
         let cc = match k.cc {
@@ -252,7 +260,7 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
         };
         let _ = writeln!(
             report,
-            "| {cc} | {} | {dir} | {} | {:.1} % | {:.1} % | {:.2} % | {:.2} / {:.2} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} | {:.0} |",
+            "| {cc} | {} | {dir} | {} | {:.1} % | {:.1} % | {:.2} % | {:.2} / {:.2} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
             fmt_rate(k.rate),
             k.config.name(),
             median(&s.goodput_pct),
@@ -266,6 +274,7 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
             median(&s.qdisc_drops),
             median(&s.ce),
             median(&s.aqm_drops),
+            median(&s.policed),
         );
     }
     Ok(())

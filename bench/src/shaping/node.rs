@@ -18,7 +18,7 @@ use aliasnet_tests::{
     traffic::{netns_exec, parse_ping, Ping},
 };
 use anyhow::{anyhow, bail, Context, Result};
-use aya::maps::{Array, Map, MapData};
+use aya::maps::{Array, Map, MapData, PerCpuArray};
 use serde_json::{json, Value};
 
 use super::{Cc, Config, BANDWIDTH_PLUGIN};
@@ -196,8 +196,9 @@ impl Bench {
         Ok(())
     }
 
-    /// CE marks and pod-side drops of the slot's class queues.
-    pub fn aqm_counters(&self, slot: u32) -> Result<(u64, u64)> {
+    /// CE marks and pod-side drops of the slot's class queues, and the packets its host veth
+    /// policed above its egress limits.
+    pub fn aqm_counters(&self, slot: u32) -> Result<(u64, u64, u64)> {
         let data = MapData::from_pin(self.net.pin_root().join("maps").join(maps::VQUEUE))?;
         let m: Array<MapData, abi::VQueue> = Array::try_from(Map::Array(data))?;
         let (mut ce, mut dropped) = (0, 0);
@@ -206,7 +207,11 @@ impl Bench {
             ce += q.ce_marked;
             dropped += q.dropped;
         }
-        Ok((ce, dropped))
+        let data = MapData::from_pin(self.net.pin_root().join("maps").join(maps::COUNTERS))?;
+        let c: PerCpuArray<MapData, abi::PodCounters> =
+            PerCpuArray::try_from(Map::PerCpuArray(data))?;
+        let policed = c.get(&slot, 0)?.iter().map(|v| v.policed.packets).sum();
+        Ok((ce, dropped, policed))
     }
 
     fn bandwidth_plugin(&self, command: &str, rate: u64) -> Result<Value> {
