@@ -105,11 +105,14 @@
  * through a backlog of the limit's HTB burst, the pod's largest GSO aggregate and
  * AN_POLICE_SLACK_NS of the limit (at least AN_POLICE_SLACK_FRAMES frames): room for HTB's
  * own overshoot and for packets the host's softirq delayed and then delivered at once, so
- * that nothing the pod's HTB released is ever dropped.
+ * that nothing the pod's HTB released is ever dropped. The GSO aggregate counts up to
+ * AN_POLICE_GSO_CAP bytes, above any device's maximum (512 KiB with BIG TCP), which keeps
+ * its time exact (see tx_ns()).
  */
 #define AN_POLICE_RATE_PCT 110
 #define AN_POLICE_SLACK_NS 100000000
 #define AN_POLICE_SLACK_FRAMES 8
+#define AN_POLICE_GSO_CAP 1048576
 
 /*
  * The window clamp (an_conns). Traffic to a pod with an ingress limit comes from remote

@@ -14,9 +14,6 @@
 
 #include "queue.h"
 
-/* Above any device's GSO/GRO maximum (512 KiB with BIG TCP); keeps tx_ns() exact. */
-#define AN_POLICE_GSO_CAP (1ULL << 20)
-
 /* The backlog the backstop of a limit at `rate` (> 0) lets through, in ns at that rate. */
 static __always_inline __u64 police_tolerance(__u64 burst, __u64 rate, __u64 frame,
 					      __u64 gso_max)

@@ -112,10 +112,20 @@ pub const FLOW_EPOCH_NS: u64 = 100_000_000;
 pub const POLICE_RATE_PCT: u64 = 110;
 pub const POLICE_SLACK_NS: u64 = 100_000_000;
 pub const POLICE_SLACK_FRAMES: u64 = 8;
+/// The GSO aggregate the tolerance counts is capped here (above any device's maximum).
+pub const POLICE_GSO_CAP: u64 = 1 << 20;
 
 /// The rate the backstop of a limit at `rate` drains at (`police_rate()` in the programs).
 pub fn police_rate(rate: u64) -> u64 {
     rate / 100 * POLICE_RATE_PCT + rate % 100 * POLICE_RATE_PCT / 100
+}
+
+/// The backlog, in ns at `rate`, the backstop of a limit at `rate` lets through
+/// (`police_tolerance()` in the programs): the class's HTB burst `credit_ns`, the pod's
+/// largest GSO aggregate (at least a frame), and the slack.
+pub fn police_tolerance_ns(credit_ns: u64, rate: u64, frame: u64, gso_max: u64) -> u64 {
+    let gso = gso_max.max(frame).min(POLICE_GSO_CAP);
+    credit_ns + tx_ns(gso, rate) + tx_ns(POLICE_SLACK_FRAMES * frame, rate).max(POLICE_SLACK_NS)
 }
 
 /// The window clamp: rate x RTT plus this much queue, at least `WND_MIN_FRAMES` frames for
@@ -150,6 +160,13 @@ mod tests {
         MAX_RATE + 1,
         u64::MAX,
     ];
+
+    /// The rates of [`RATES`] that `Limits` accepts.
+    fn accepted_rates() -> impl Iterator<Item = u64> {
+        RATES
+            .into_iter()
+            .filter(|r| (MIN_RATE..=MAX_RATE).contains(r))
+    }
 
     /// `tx_ns` is handed packets (a 512 KiB GSO aggregate with the headers of its
     /// segments) and frames (`LEAF_QUEUE_FRAMES` of the largest, 65,549 bytes): far below
@@ -186,10 +203,7 @@ mod tests {
             Some(MAX_RATE / 2),
             Some(MAX_RATE),
         ];
-        for rate in RATES
-            .into_iter()
-            .filter(|r| (MIN_RATE..=MAX_RATE).contains(r))
-        {
+        for rate in accepted_rates() {
             for burst in bursts {
                 for frame in [MIN_FRAME, frame_of_mtu(9000), frame_of_mtu(65_535)] {
                     let s = Shape::new(rate, burst, frame);
@@ -232,26 +246,19 @@ mod tests {
     }
 
     /// For every rate `Limits` accepts, the backstop's rate is within a bit/s of
-    /// `POLICE_RATE_PCT` % of it, and its tolerance (class credit, a 512 KiB GSO aggregate,
-    /// the slack or its frames) added to a century of uptime cannot wrap.
+    /// `POLICE_RATE_PCT` % of it, and its tolerance (class credit, the largest GSO aggregate it
+    /// counts, the slack or its frames) added to a century of uptime cannot wrap.
     #[test]
     fn police_rate_and_tolerance_cannot_wrap() {
-        let accepted = || {
-            RATES
-                .into_iter()
-                .filter(|r| (MIN_RATE..=MAX_RATE).contains(r))
-        };
-        for rate in accepted() {
+        for rate in accepted_rates() {
             let exact = u128::from(rate) * u128::from(POLICE_RATE_PCT) / 100;
             assert!(u128::from(police_rate(rate)).abs_diff(exact) <= 1, "{rate}");
         }
         let century = 100 * 365 * 86_400 * 1_000_000_000u64;
-        let gso = 524_288 + 65_535 * (ETH_HLEN + 60 + 60);
-        for rate in accepted() {
+        for rate in accepted_rates() {
             for frame in [MIN_FRAME, frame_of_mtu(9000), frame_of_mtu(65_535)] {
                 let s = Shape::new(rate, Some(MAX_RATE), frame);
-                let slack = tx_ns(POLICE_SLACK_FRAMES * frame, rate).max(POLICE_SLACK_NS);
-                let tol = burst_ns(s.burst_bytes, rate) + tx_ns(gso, rate) + slack;
+                let tol = police_tolerance_ns(burst_ns(s.burst_bytes, rate), rate, frame, u64::MAX);
                 assert!(century.checked_add(2 * tol).is_some(), "{rate} {frame}");
             }
         }

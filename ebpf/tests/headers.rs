@@ -157,6 +157,7 @@ mod tuning_header {
             ("AN_POLICE_RATE_PCT", POLICE_RATE_PCT),
             ("AN_POLICE_SLACK_NS", POLICE_SLACK_NS),
             ("AN_POLICE_SLACK_FRAMES", POLICE_SLACK_FRAMES),
+            ("AN_POLICE_GSO_CAP", POLICE_GSO_CAP),
             ("AN_WND_QUEUE_NS", WND_QUEUE_NS),
             ("AN_WND_MIN_FRAMES", WND_MIN_FRAMES),
             ("AN_WND_MIN_FLOW_FRAMES", WND_MIN_FLOW_FRAMES),

@@ -32,10 +32,19 @@ fn frame(dst: Ipv4Addr) -> Vec<u8> {
 fn admitted_at_once(rate: u64) -> u64 {
     let frame = tuning::MIN_FRAME;
     let credit = tuning::burst_ns(Shape::new(rate, None, frame).burst_bytes, rate);
-    let slack =
-        tuning::tx_ns(tuning::POLICE_SLACK_FRAMES * frame, rate).max(tuning::POLICE_SLACK_NS);
-    let tol = credit + tuning::tx_ns(frame, rate) + slack;
+    let tol = tuning::police_tolerance_ns(credit, rate, frame, 0);
     tol / tuning::tx_ns(1514, tuning::police_rate(rate)) + 1
+}
+
+/// The policy fixture with the pod in use on a 1500-byte veth and the limits `limits` sets.
+fn limited(limits: impl FnOnce(&mut abi::PodMeta)) -> Fixture {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| {
+        m.flags = abi::META_IN_USE;
+        m.frame = 1514;
+        limits(m);
+    });
+    f
 }
 
 /// Runs `n` copies of `pkt` back to back through the host veth's ingress program; returns how
@@ -52,12 +61,7 @@ fn burst(f: &Fixture, pkt: &[u8], n: u64) -> u64 {
 
 #[test]
 fn a_burst_above_the_egress_limit_is_policed_on_the_host_veth() {
-    let mut f = Fixture::with_policy();
-    f.update_meta(|m| {
-        m.flags = abi::META_IN_USE;
-        m.egress_rate = SLOW;
-        m.frame = 1514;
-    });
+    let mut f = limited(|m| m.egress_rate = SLOW);
     let pkt = frame(INTERNET);
     let want = admitted_at_once(SLOW);
     // 1 Mbit/s: 48 ms of burst (4 frames), a frame and 100 ms of slack at 1.1 Mbit/s.
@@ -88,12 +92,7 @@ fn a_burst_above_the_egress_limit_is_policed_on_the_host_veth() {
 
 #[test]
 fn the_internet_limit_polices_only_internet_traffic() {
-    let mut f = Fixture::with_policy();
-    f.update_meta(|m| {
-        m.flags = abi::META_IN_USE;
-        m.internet_egress_rate = SLOW;
-        m.frame = 1514;
-    });
+    let mut f = limited(|m| m.internet_egress_rate = SLOW);
     // Unlimited inside the cluster.
     assert_eq!(burst(&f, &frame(INTERNAL), 100), 100);
     assert_eq!(f.counters().policed, abi::Counter::default());
@@ -110,13 +109,10 @@ fn the_internet_limit_polices_only_internet_traffic() {
 /// limit's rate, for ~0.6 s. Not one packet is policed, also after an idle period.
 #[test]
 fn traffic_within_the_limit_is_never_policed() {
-    let mut f = Fixture::with_policy();
     let rate = 2 * SLOW;
-    f.update_meta(|m| {
-        m.flags = abi::META_IN_USE;
+    let mut f = limited(|m| {
         m.egress_rate = rate;
         m.internet_egress_rate = SLOW;
-        m.frame = 1514;
     });
     let burst_frames = Shape::new(SLOW, None, tuning::MIN_FRAME).burst_bytes / 1514;
     for dst in [INTERNET, INTERNAL] {
@@ -146,12 +142,7 @@ fn traffic_within_the_limit_is_never_policed() {
 /// A pod with no egress limit, or whose slot has none yet, is never policed.
 #[test]
 fn unlimited_pods_are_never_policed() {
-    let mut f = Fixture::with_policy();
-    f.update_meta(|m| {
-        m.flags = abi::META_IN_USE;
-        m.ingress_rate = SLOW;
-        m.frame = 1514;
-    });
+    let mut f = limited(|m| m.ingress_rate = SLOW);
     assert_eq!(burst(&f, &frame(INTERNET), 200), 200);
     assert_eq!(f.counters().policed, abi::Counter::default());
 }

@@ -197,11 +197,8 @@ fn a_pod_that_removes_its_own_shaping_stays_within_its_egress_limit() {
     let peer = n.add_pod("peer").unwrap();
     let rc = json!({"bandwidth": {"egressRate": 20_000_000u64, "egressBurst": 4_294_967_295u64}});
     let t = n.add_pod_with("tamper", Some(&rc)).unwrap();
-    assert!(
-        n.check_pod_with(&t, Some(&rc)).ok(),
-        "CHECK before: {}",
-        n.check_pod_with(&t, Some(&rc)).error_msg()
-    );
+    let before = n.check_pod_with(&t, Some(&rc));
+    assert!(before.ok(), "CHECK before: {}", before.error_msg());
     for qdisc in ["root", "clsact"] {
         t.ns.exec("tc", &["qdisc", "del", "dev", &t.ifname, qdisc])
             .unwrap_or_else(|e| panic!("the pod deletes its {qdisc} qdisc: {e:#}"));

@@ -61,6 +61,7 @@ impl Datapath {
                 ),
             }
         };
+        let unknown = |why: String| (HookState::Unknown(why.clone()), QdiscState::Unknown(why));
         let (pod_egress, pod_htb) = if pod_egress_classes(&rec.meta).is_none() {
             (HookState::NotNeeded, QdiscState::NotNeeded)
         } else {
@@ -91,14 +92,8 @@ impl Datapath {
                 Ok::<_, DatapathError>((hook, htb))
             }) {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => (
-                    HookState::Unknown(e.to_string()),
-                    QdiscState::Unknown(e.to_string()),
-                ),
-                Err(e) => (
-                    HookState::Unknown(e.to_string()),
-                    QdiscState::Unknown(e.to_string()),
-                ),
+                Ok(Err(e)) => unknown(e.to_string()),
+                Err(e) => unknown(e.to_string()),
             }
         };
         PodHooks {
