@@ -7,19 +7,31 @@
  *
  *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): drop what is not from
  *                    the pod's address (see from_pod()), count, drop blocked, police the
- *                    pod's egress limits (see policed()), clamp the TCP windows of a pod
- *                    with an ingress limit (see pod_tcp())
+ *                    pod's egress limits (see policed()), clamp the TCP windows of
+ *                    connections with limits (see pod_tcp()), and send what its
+ *                    namespace's upload limits shape to their device (an IFB)
  *   an_host_egress   host veth egress   (pod ingress, remote = src): count, drop blocked,
- *                    leaf of the pod's ingress limit, CE-mark above it (see shape_remote())
- *   an_pod_egress    pod eth0 egress    (remote = dst): skb->priority = leaf of the internet
- *                    or other class, CE-mark above the pod's egress limits
- *   an_uplink        node uplink egress (pod src, remote = dst): skb->priority = leaf of the
- *                    node cap class, CE-mark above the node cap
+ *                    clamp, leaf of the pod's own download limits on this device, and
+ *                    the leaf of its namespace's for an_ns_gate and an_ns_classify
+ *   an_ns_gate       host veth egress, after an_host_egress: redirects (mirred action)
+ *                    what an_host_egress chose to the namespaces' download device
+ *   an_ns_classify   the HTB of the namespaces' download device: the leaf
+ *                    an_host_egress chose
+ *   an_pod_egress    pod eth0 egress    (remote = dst): leaf of the pod's own upload
+ *                    limits, CE-mark or drop local TCP above them
+ *   an_uplink        node uplink egress (pod src, remote = dst): leaf of the node's upload
+ *                    limits on the uplink's HTB, CE-mark above them
+ *   an_uplink_in     node uplink ingress (pod dst, remote = src): leaf of the node's
+ *                    download limits, sent to their device (an IFB)
  *
- * Every shaped class has a sparse and a bulk leaf; pick_sparse() chooses (see an_flows).
+ * Every limit is shaped on the device of its level (lib/stage.h): a pod's own limits on
+ * its devices, a namespace's and the node's on aggregate devices every pod's traffic of
+ * that direction crosses, so that the limits of all three levels hold at once, named
+ * classes inside the internet limits. Each limit has a sparse and a bulk leaf;
+ * pick_sparse() chooses (see an_flows).
  * The parts live in lib/ by concern: parse.h (packet headers), classify.h (prefix match),
- * counters.h, queue.h (queue model, CE marks), flow.h (flow isolation), shape.h (leaf and
- * model of forwarded traffic), police.h (the host veth's backstop of the egress limits),
+ * counters.h, queue.h (queue model, CE marks), flow.h (flow isolation), stage.h (the limits
+ * of a level, leaves and models), police.h (the host veth's backstop of the egress limits),
  * wndclamp.h (handshakes, MSS and window clamps), maps.h.
  *
  * The per-pod programs run as direct-action cls_bpf filters (clsact), an_uplink
@@ -33,7 +45,7 @@
 #include "lib/queue.h"
 #include "lib/flow.h"
 #include "lib/police.h"
-#include "lib/shape.h"
+#include "lib/stage.h"
 #include "lib/wndclamp.h"
 
 /*
@@ -84,15 +96,78 @@ static __always_inline __u32 *pod_of_source(const struct an_pkt *p)
 	return bpf_map_lookup_elem(&an_pod_ips, &p->saddr);
 }
 
+/* The slot of the pod whose address is the packet's destination, if any. */
+static __always_inline __u32 *pod_of_dest(const struct an_pkt *p)
+{
+	if (p->v6)
+		return bpf_map_lookup_elem(&an_pod_ips6, p->daddr6);
+	return bpf_map_lookup_elem(&an_pod_ips, &p->daddr);
+}
+
+/*
+ * Traffic to the pod: the leaf of its own limits on this device (skb->priority, HTB's
+ * direct queue without one), and, when its namespace's download limits shape it, their
+ * leaf for an_ns_classify (skb->tc_index) with the mark that makes an_ns_gate send it there.
+ */
+static __always_inline void to_pod(struct __sk_buff *skb, const struct an_config *cfg,
+				   const struct an_pod_meta *meta, __u32 slot, __u32 class,
+				   struct an_pkt *p)
+{
+	struct an_stage st = {};
+	__u32 prio = AN_CLASSID_DIRECT, leaf;
+	struct an_entity *e;
+	int sparse;
+
+	stage_of(&st, cfg, meta, slot, AN_LEVEL_POD, AN_DIR_INGRESS, class);
+	if (st.n) {
+		sparse = stage_shape(skb, cfg, &st, p, 0);
+		prio = pod_leaf(&st, sparse > 0);
+	}
+	/* One store each (the verifier refuses a kept pointer into the context). */
+	skb->priority = prio;
+	e = stage_of(&st, cfg, meta, slot, AN_LEVEL_NS, AN_DIR_INGRESS, class);
+	if (!e || !st.n)
+		return;
+	sparse = stage_shape(skb, cfg, &st, p, 0);
+	leaf = agg_leaf(&st, e, AN_DIR_INGRESS, meta->agg_leaves[0][AN_DIR_INGRESS], slot,
+			sparse > 0);
+	skb->tc_index = leaf;
+	skb->cb[0] = AN_CB_NS_STAGE;
+}
+
+/*
+ * Traffic from the pod, past the checks: its namespace's upload limits shape it on their
+ * device, which hands it back to this device's ingress (where tc does not run again). The
+ * pod's own limits shaped it on its eth0.
+ */
+static __always_inline int from_pod_ns(struct __sk_buff *skb, const struct an_config *cfg,
+				       const struct an_pod_meta *meta, __u32 slot, __u32 class,
+				       struct an_pkt *p)
+{
+	struct an_stage st = {};
+	struct an_entity *e;
+	__u32 leaf;
+	int sparse;
+
+	e = stage_of(&st, cfg, meta, slot, AN_LEVEL_NS, AN_DIR_EGRESS, class);
+	if (!e || !st.n)
+		return TC_ACT_UNSPEC;
+	sparse = stage_shape(skb, cfg, &st, p, 0);
+	leaf = agg_leaf(&st, e, AN_DIR_EGRESS, meta->agg_leaves[0][AN_DIR_EGRESS], slot,
+			sparse > 0);
+	skb->priority = (AN_HTB_MAJOR << 16) | leaf;
+	return bpf_redirect(cfg->ns_out_ifindex, 0);
+}
+
 /*
  * Both host veth programs: class, count and enforce a pod's traffic in direction `dir`,
- * learn and clamp its TCP connections, and shape what goes to the pod.
+ * learn and clamp its TCP connections, and shape it.
  *
  * The pod is the host veth the packet is on (an_pods by skb->ifindex): its slot keys every
  * counter, queue model and flow state here, never an address the pod chose. Sources are
  * checked before anything is counted or learnt, so an_conns entries (keyed by the pod's
- * address) and the uplink program (which finds pods by source address) only ever see a
- * pod's own address.
+ * address) and the uplink programs (which find pods by address) only ever see a pod's own
+ * address.
  */
 static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 {
@@ -103,8 +178,20 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	struct an_pod *pod;
 	struct an_pod_meta *meta;
 	__u32 slot;
-	int parsed = parse(skb, &p);
+	int parsed;
 
+	if (dir == AN_DIR_INGRESS) {
+		/*
+		 * Back from the namespaces' download device: classed, counted and given the
+		 * leaf of the pod's own limits on the way there.
+		 */
+		if (cfg && cfg->ns_in_ifindex && skb->ingress_ifindex == cfg->ns_in_ifindex) {
+			skb->cb[0] = 0;
+			return TC_ACT_UNSPEC;
+		}
+		skb->cb[0] = 0;
+	}
+	parsed = parse(skb, &p);
 	if (parsed)
 		class = classify_pkt(cfg, &p, dir == AN_DIR_EGRESS);
 	pod = bpf_map_lookup_elem(&an_pods, &ifindex);
@@ -120,45 +207,20 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	if (class == AN_CLASS_BLOCKED)
 		return TC_ACT_SHOT;
 	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
-	if (dir == AN_DIR_EGRESS && meta && policed(slot, meta, class, &p)) {
+	if (!meta)
+		return TC_ACT_UNSPEC;
+	if (dir == AN_DIR_EGRESS && policed(slot, meta, class, &p)) {
 		count_policed(slot, &p);
 		return TC_ACT_SHOT;
 	}
-	/*
-	 * Ports are read only for unfragmented TCP and UDP, and a TCP port is never 0. The
-	 * node cap shapes what the pods send to the internet: those connections are clamped
-	 * too while a cap is set.
-	 */
-	if (p.proto == IPPROTO_TCP && p.ports) {
-		int ingress_limited = pod->flags & AN_POD_INGRESS_LIMIT;
-		int capped = class == AN_CLASS_INTERNET && cfg && cfg->node_internet_cap;
-		/* The pod's egress class for this remote, for the MSS of connections' handshakes. */
-		__u64 erate = 0, irate = 0;
-
-		if (meta && dir == AN_DIR_INGRESS) {
-			erate = meta->egress_rate;
-			irate = class == AN_CLASS_INTERNET ? meta->internet_egress_rate : 0;
-			if (irate && (!erate || irate < erate))
-				erate = irate;
-		}
-		if (ingress_limited || capped || erate)
-			pod_tcp(skb, cfg, slot, dir, &p, ingress_limited, capped, erate,
-				frame_of(meta ? meta->frame : 0));
-	}
-	/*
-	 * Traffic to the pod next meets the HTB class of its ingress limit on this device. Its
-	 * senders are remote, so a drop would be a loss: only ECN-capable packets are signalled.
-	 * Without the program's choice HTB's default is the bulk leaf.
-	 */
+	/* Ports are read only for unfragmented TCP and UDP, and a TCP port is never 0. */
+	if (p.proto == IPPROTO_TCP && p.ports)
+		pod_tcp(skb, cfg, slot, dir, &p, meta, class);
 	if (dir == AN_DIR_INGRESS) {
-		if (meta && meta->ingress_rate)
-			shape_remote(skb, cfg, AN_CLASSID_POD_INGRESS,
-				     slot * AN_VQ_PER_POD + AN_VQ_INGRESS, meta->ingress_rate,
-				     class_credit(meta->ingress_burst, meta->ingress_rate,
-						  frame_of(meta->frame)),
-				     frame_of(meta->frame), &p);
+		to_pod(skb, cfg, meta, slot, class, &p);
+		return TC_ACT_UNSPEC;
 	}
-	return TC_ACT_UNSPEC;
+	return from_pod_ns(skb, cfg, meta, slot, class, &p);
 }
 
 SEC("classifier")
@@ -174,12 +236,36 @@ int an_host_egress(struct __sk_buff *skb)
 }
 
 /*
- * On the pod's eth0 (in the pod netns): choose the HTB leaf of the pod's egress qdisc, and
- * keep the class queues short. Above the marking threshold a bulk packet that is
- * ECN-capable is CE-marked and a local TCP data segment is dropped (a congestion signal,
- * not a loss, for its local sender); anything else is left to the leaf queue. Sparse
- * packets (pings, DNS, ACKs) take the sparse leaf and are neither marked nor dropped.
- * Blocked traffic goes to "other" and is counted and dropped on the host side.
+ * On the host veth's egress after an_host_egress, in cls_bpf's classic mode with a mirred
+ * action redirecting to the namespaces' download device: matches (-1, the filter's class)
+ * the packets an_host_egress marked for it, nothing else (0).
+ */
+SEC("classifier")
+int an_ns_gate(struct __sk_buff *skb)
+{
+	return skb->cb[0] == AN_CB_NS_STAGE ? -1 : 0;
+}
+
+/*
+ * A filter of the namespaces' download device's HTB, direct action with the filter's
+ * classid major: the leaf an_host_egress chose, or HTB's default without one.
+ */
+SEC("classifier")
+int an_ns_classify(struct __sk_buff *skb)
+{
+	if (!skb->tc_index)
+		return TC_ACT_UNSPEC;
+	skb->tc_classid = skb->tc_index;
+	return TC_ACT_OK;
+}
+
+/*
+ * On the pod's eth0 (in the pod netns): choose the leaf of the pod's own upload limits on
+ * its egress qdisc, and keep their queues short. Above the marking threshold a bulk packet
+ * that is ECN-capable is CE-marked and a local TCP data segment is dropped (a congestion
+ * signal, not a loss, for its local sender); anything else is left to the leaf queue.
+ * Sparse packets (pings, DNS, ACKs) take the sparse leaf and are neither marked nor dropped.
+ * Blocked traffic meets only the total limit here; the host side counts and drops it.
  */
 SEC("classifier")
 int an_pod_egress(struct __sk_buff *skb)
@@ -187,26 +273,19 @@ int an_pod_egress(struct __sk_buff *skb)
 	struct an_pkt p = {};
 	/* Set by cls_bpf from our filter's classid (see AN_POD_FILTER_CLASSID_BASE). */
 	__u32 classid = skb->tc_classid;
-	__u32 zero = 0, slot, *s, base;
+	__u32 zero = 0, slot, *s, class = AN_CLASS_OTHER;
 	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 	struct an_pod_meta *meta;
-	struct an_vqueue *qi, *qe, *hot = NULL;
-	struct an_flow *f;
-	__u64 now, irate, erate, rate, ti, te, frame;
-	int internet, sparse;
-	__u32 class;
+	struct an_stage st = {};
+	int sparse, parsed;
 
-	/*
-	 * What is neither IPv4 nor IPv6, and link-scoped IPv6 (class other: NDP, MLD), is not
-	 * modelled, as ARP is not.
-	 */
-	if (!parse(skb, &p) || (class = classify_pkt(cfg, &p, 1)) == AN_CLASS_OTHER) {
-		skb->priority = AN_CLASSID_POD_OTHER + AN_LEAF_BULK;
-		return TC_ACT_UNSPEC;
-	}
-	internet = class == AN_CLASS_INTERNET;
-	base = internet ? AN_CLASSID_POD_INTERNET : AN_CLASSID_POD_OTHER;
-	skb->priority = base + AN_LEAF_BULK;
+	/* Unless a limit of the pod's applies: HTB's direct queue, unshaped. */
+	skb->priority = AN_CLASSID_DIRECT;
+	parsed = parse(skb, &p);
+	if (parsed)
+		class = classify_pkt(cfg, &p, 1);
+	if (class == AN_CLASS_BLOCKED)
+		class = AN_CLASS_INTERNAL;
 	/*
 	 * This device is in the pod's namespace, where its ifindex names no pod: the pod is the
 	 * one whose slot userspace put in this filter's classid, never the source address the
@@ -220,6 +299,8 @@ int an_pod_egress(struct __sk_buff *skb)
 		if (slot >= AN_MAX_PODS)
 			return TC_ACT_UNSPEC;
 	} else {
+		if (!parsed)
+			return TC_ACT_UNSPEC;
 		s = pod_of_source(&p);
 		if (!s)
 			return TC_ACT_UNSPEC;
@@ -228,56 +309,64 @@ int an_pod_egress(struct __sk_buff *skb)
 	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
 	if (!meta)
 		return TC_ACT_UNSPEC;
-	/* Internet traffic passes its own class (1:10) and the total (1:1), if set. */
-	irate = internet ? meta->internet_egress_rate : 0;
-	erate = meta->egress_rate;
-	/* The leaf's class drains at the tighter of the two. */
-	rate = irate && (!erate || irate < erate) ? irate : erate;
-	if (!rate)
+	stage_of(&st, cfg, meta, slot, AN_LEVEL_POD, AN_DIR_EGRESS, class);
+	if (!st.n)
 		return TC_ACT_UNSPEC;
-	frame = frame_of(meta->frame);
-	qi = vq_of(slot * AN_VQ_PER_POD + AN_VQ_INTERNET, irate);
-	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_EGRESS, erate);
-	now = bpf_ktime_get_ns();
-	f = flow_of(slot * AN_VQ_PER_POD + (irate ? AN_VQ_INTERNET : AN_VQ_EGRESS), flow_bucket(&p));
-	ti = qi ? class_credit(0, irate, frame) : 0;
-	te = qe ? class_credit(meta->egress_burst, erate, frame) : 0;
-	sparse = pick_sparse(cfg, f, rate, ti > te ? ti : te, frame, &p, now);
-	if (sparse) {
-		skb->priority = base + AN_LEAF_SPARSE;
-	} else if (feature_on(cfg, AN_CFG_AQM_OFF)) {
-		if (congested(qi, irate, frame, now))
-			hot = qi;
-		else if (congested(qe, erate, frame, now))
-			hot = qe;
-		if (hot && !ce_mark(skb, &p, hot) && (p.tos & 3) != 3 && local_tcp_data(skb, &p)) {
-			__sync_fetch_and_add(&hot->dropped, p.segs);
-			return TC_ACT_SHOT;
-		}
-	}
 	/*
-	 * The class's burst is the credit, the default one for the internet class and the
-	 * pod's own (effective, in bytes) for the total.
+	 * What is neither IPv4 nor IPv6, and link-scoped IPv6 (class other: NDP, MLD), is not
+	 * modelled, as ARP is not: it takes the total limit's bulk leaf.
 	 */
-	if (qi)
-		vq_add(qi, irate, ti, frame, &p, now);
-	if (qe)
-		vq_add(qe, erate, te, frame, &p, now);
-	if (!sparse) {
-		ti = t_empty_of(qi);
-		te = t_empty_of(qe);
-		flow_bulk(f, ti > te ? ti : te);
-	}
+	sparse = 0;
+	if (parsed && class != AN_CLASS_OTHER)
+		sparse = stage_shape(skb, cfg, &st, &p, 1);
+	if (sparse < 0)
+		return TC_ACT_SHOT;
+	skb->priority = pod_leaf(&st, sparse);
 	return TC_ACT_UNSPEC;
 }
 
 /*
- * On the node uplink: internet-bound packets from registered pods go to the
- * node-wide cap class. Everything else keeps its priority, which names no HTB
- * class, and leaves through HTB's unshaped direct queue. Identifying pods by
- * source address assumes no SNAT on the node, as in the alias-IP design; a pod's packets
- * reach the uplink only with its own address (host_side() drops the others). Only the
- * node cap's model and counter are touched here, never a pod's.
+ * The node's limits, on the uplink: the pod a packet is from (egress) or to (ingress), by
+ * its address (host_side() lets a pod send from its own address only; no SNAT on an alias-IP
+ * node); its class by the remote address; the leaf of the node's limits of that class.
+ * Returns 0 when the node does not shape the packet. Only the node's models are touched
+ * here, never a pod's.
+ */
+static __always_inline int node_stage(struct __sk_buff *skb, const struct an_config *cfg,
+				      __u32 dir, struct an_pkt *p)
+{
+	struct an_stage st = {};
+	struct an_pod_meta *meta;
+	struct an_entity *e;
+	__u32 slot, *s, class, leaf;
+	int sparse;
+
+	if (!parse(skb, p))
+		return 0;
+	s = dir == AN_DIR_EGRESS ? pod_of_source(p) : pod_of_dest(p);
+	if (!s)
+		return 0;
+	slot = *s;
+	class = classify_pkt(cfg, p, dir == AN_DIR_EGRESS);
+	if (!is_internet(class))
+		return 0;
+	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
+	if (!meta)
+		return 0;
+	e = stage_of(&st, cfg, meta, slot, AN_LEVEL_NODE, dir, class);
+	if (!e || !st.n)
+		return 0;
+	sparse = stage_shape(skb, cfg, &st, p, 0);
+	leaf = agg_leaf(&st, e, dir, meta->agg_leaves[1][dir & 1], slot, sparse > 0);
+	skb->priority = (AN_HTB_MAJOR << 16) | leaf;
+	count_staged(dir, p);
+	return 1;
+}
+
+/*
+ * On the node uplink's egress: the pods' internet traffic takes the leaf of the node's
+ * upload limits on the uplink's HTB. Everything else keeps its priority, which names no
+ * HTB class, and leaves through HTB's unshaped direct queue.
  */
 SEC("classifier")
 int an_uplink(struct __sk_buff *skb)
@@ -286,19 +375,25 @@ int an_uplink(struct __sk_buff *skb)
 	__u32 zero = 0;
 	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 
-	if (!parse(skb, &p))
-		return TC_ACT_UNSPEC;
-	if (!pod_of_source(&p))
-		return TC_ACT_UNSPEC;
-	if (classify_pkt(cfg, &p, 1) != AN_CLASS_INTERNET)
-		return TC_ACT_UNSPEC;
-	skb->priority = AN_CLASSID_NODE_CAP + AN_LEAF_BULK;
-	count_capped(&p);
-	if (cfg && cfg->node_internet_cap)
-		shape_remote(skb, cfg, AN_CLASSID_NODE_CAP, AN_VQ_NODE_CAP, cfg->node_internet_cap,
-			     class_credit(0, cfg->node_internet_cap, frame_of(cfg->uplink_frame)),
-			     frame_of(cfg->uplink_frame), &p);
+	node_stage(skb, cfg, AN_DIR_EGRESS, &p);
 	return TC_ACT_UNSPEC;
+}
+
+/*
+ * On the node uplink's ingress: the pods' internet downloads go to the device of the
+ * node's download limits (an IFB), which hands them back to this device's ingress (where tc
+ * does not run again) to be routed to the pods.
+ */
+SEC("classifier")
+int an_uplink_in(struct __sk_buff *skb)
+{
+	struct an_pkt p = {};
+	__u32 zero = 0;
+	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
+
+	if (!cfg || !cfg->node_in_ifindex || !node_stage(skb, cfg, AN_DIR_INGRESS, &p))
+		return TC_ACT_UNSPEC;
+	return bpf_redirect(cfg->node_in_ifindex, 0);
 }
 
 /* Dual licence so GPL-only helpers stay available; none is used today. */

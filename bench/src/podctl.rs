@@ -106,13 +106,17 @@ pub fn run(args: Args) -> Result<()> {
                     p.addresses(),
                     p.host_ifname()
                 );
+                let names = dp.class_names()?;
                 for d in Direction::ALL {
-                    for c in Class::ALL {
+                    for c in (0..aliasnet_ebpf::abi::NR_CLASSES).map(Class::from_index) {
                         let v = p.counters.get(d, c);
+                        if v.packets == 0 && matches!(c, Class::Named(_)) {
+                            continue;
+                        }
                         eprintln!(
                             "  {:7} {:8} packets {:>10} bytes {:>14}",
                             d.name(),
-                            c.name(),
+                            aliasnet_ebpf::Datapath::class_label(&names, c),
                             v.packets,
                             v.bytes
                         );

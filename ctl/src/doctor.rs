@@ -311,7 +311,7 @@ fn collect(g: &Global, o: &Options) -> Report {
                 &delete_pod_fix(&r.namespace(), &r.name()),
             ));
         }
-        if r.meta.egress_rate != 0 || r.meta.internet_egress_rate != 0 {
+        if r.meta.limits.any_in(abi::Direction::Egress) {
             let netns = abi::cstr(&r.meta.netns);
             let ifname = r.ifname();
             let what = format!("pod {}/{}", r.namespace(), r.name());
@@ -329,13 +329,13 @@ fn collect(g: &Global, o: &Options) -> Report {
         }
     }
     if let Some(cfg) = node_config {
-        if cfg.node_internet_cap != 0 {
+        if cfg.node_out != 0 {
             if let Some(up) = links.iter().find(|l| l.index == cfg.uplink_ifindex) {
                 findings.extend(below_frame(
                     &up.name,
                     up.index,
                     up.mtu,
-                    "the node internet-egress cap",
+                    "the node's upload limits",
                     "kill -HUP $(pidof aliasnet-shaperd)   # re-applies the policy with sizes from the uplink's MTU",
                 ));
             }

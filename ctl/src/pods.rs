@@ -33,8 +33,7 @@ pub struct Limits {
     pub ingress: Option<u64>,
     pub egress: Option<u64>,
     pub internet_egress: Option<u64>,
-    /// The internet limit follows node policy (no pod annotation).
-    pub internet_from_policy: bool,
+    pub internet_ingress: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -91,7 +90,8 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
         None
     };
     let m = &r.meta;
-    let egress_shaped = m.egress_rate != 0 || m.internet_egress_rate != 0;
+    let egress_shaped = m.limits.any_in(Direction::Egress);
+    let ingress_shaped = m.limits.any_in(Direction::Ingress);
     Pod {
         namespace: r.namespace(),
         pod: r.name(),
@@ -102,10 +102,10 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
         netns: aliasnet_ebpf::abi::cstr(&m.netns),
         slot: r.slot,
         limits: Limits {
-            ingress: nz(m.ingress_rate),
-            egress: nz(m.egress_rate),
-            internet_egress: nz(m.internet_egress_rate),
-            internet_from_policy: m.flags & aliasnet_ebpf::abi::META_INTERNET_FROM_POLICY != 0,
+            ingress: nz(m.ingress_rate()),
+            egress: nz(m.egress_rate()),
+            internet_egress: nz(m.internet_egress_rate()),
+            internet_ingress: nz(m.internet_ingress_rate()),
         },
         egress: by_class(r, Direction::Egress),
         ingress: by_class(r, Direction::Ingress),
@@ -114,17 +114,14 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
                 + r.counters.get(Direction::Ingress, Class::Blocked).packets,
             spoofed: r.counters.spoofed.packets,
             policed: r.counters.policed.packets,
-            rate_ingress: match (&stats, m.ingress_rate != 0) {
+            rate_ingress: match (&stats, ingress_shaped) {
                 (_, false) => Some(0),
-                (Some(s), true) => Some(s.ingress.map_or(0, |q| q.drops)),
+                (Some(s), true) => Some(s.drops(Direction::Ingress)),
                 (None, true) => None,
             },
             rate_egress: match (&stats, egress_shaped) {
                 (_, false) => Some(0),
-                (Some(s), true) => Some(
-                    s.internet_egress.map_or(0, |q| q.drops)
-                        + s.other_egress.map_or(0, |q| q.drops),
-                ),
+                (Some(s), true) => Some(s.drops(Direction::Egress)),
                 (None, true) => None,
             },
         },
@@ -167,10 +164,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
     ]);
     let b = |c: Count| format!("{}B", si(c.bytes as f64));
     for p in &pods {
-        let inet = match (p.limits.internet_egress, p.limits.internet_from_policy) {
-            (Some(r), true) => format!("{} (policy)", rate(Some(r))),
-            (r, _) => rate(r),
-        };
+        let inet = rate(p.limits.internet_egress);
         let drops = match (p.drops.rate_ingress, p.drops.rate_egress) {
             (Some(i), Some(e)) => (i + e).to_string(),
             _ => "?".into(),

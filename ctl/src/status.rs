@@ -77,12 +77,11 @@ struct Status {
     kernel: Kernel,
 }
 
-fn class_name(c: u32) -> &'static str {
-    match c {
-        abi::CLASS_INTERNAL => "internal",
-        abi::CLASS_BLOCKED => "blocked",
-        abi::CLASS_INTERNET => "internet",
-        _ => "other",
+fn class_name(names: &[Option<String>], c: u32) -> String {
+    if (c as usize) < abi::NR_CLASSES {
+        aliasnet_ebpf::Datapath::class_label(names, abi::Class::from_index(c as usize))
+    } else {
+        "other".to_owned()
     }
 }
 
@@ -146,8 +145,14 @@ fn collect(g: &Global) -> Status {
                 datapath.config = Some(DatapathConfig {
                     abi_version: c.abi_version,
                     policy_epoch: c.policy_epoch,
-                    default_pod_internet_egress_rate: nz(c.default_internet_rate),
-                    node_internet_egress_cap: nz(c.node_internet_cap),
+                    default_pod_internet_egress_rate: dp
+                        .ns_policy("")
+                        .ok()
+                        .and_then(|p| p.pod.get(abi::Direction::Egress, abi::KIND_INTERNET)),
+                    node_internet_egress_cap: dp
+                        .entity(abi::NODE_ENTITY)
+                        .ok()
+                        .and_then(|e| nz(e.limits.rate[abi::DIR_EGRESS][abi::KIND_INTERNET])),
                     uplink_ifindex: (c.uplink_ifindex != 0).then_some(c.uplink_ifindex),
                     uplink_frame: (c.uplink_frame != 0).then_some(c.uplink_frame),
                     uplink_gso_max: (c.uplink_gso_max != 0).then_some(c.uplink_gso_max),
@@ -155,7 +160,10 @@ fn collect(g: &Global) -> Status {
                         .active_prefixes()
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|(a, l, c)| (format!("{a}/{l}"), class_name(c).to_owned()))
+                        .map(|(a, l, c)| {
+                            let names = dp.class_names().unwrap_or_default();
+                            (format!("{a}/{l}"), class_name(&names, c))
+                        })
                         .collect(),
                 });
             }

@@ -7,8 +7,23 @@
 #include "parse.h"
 
 /*
- * Longest prefix wins; userspace resolves equal prefixes in both lists to blocked. Only
- * the active generation's entries match (see struct an_lpm_key).
+ * The class an LPM entry names: internal, blocked or a named class; anything else (a miss
+ * included) is plain internet.
+ */
+static __always_inline __u32 class_of(const struct an_lpm_value *v)
+{
+	if (!v)
+		return AN_CLASS_INTERNET;
+	if (v->class == AN_CLASS_INTERNAL || v->class == AN_CLASS_BLOCKED ||
+	    (v->class >= AN_CLASS_NAMED && v->class < AN_NR_CLASSES))
+		return v->class;
+	return AN_CLASS_INTERNET;
+}
+
+/*
+ * Longest prefix wins across internal, blocked and the named classes; userspace resolves a
+ * prefix listed more than once (blocked wins). Only the active generation's entries match
+ * (see struct an_lpm_key).
  */
 static __always_inline __u32 classify(const struct an_config *cfg, __u32 remote)
 {
@@ -17,11 +32,8 @@ static __always_inline __u32 classify(const struct an_config *cfg, __u32 remote)
 		.gen = cfg ? cfg->active_gen : 0,
 		.addr = remote,
 	};
-	struct an_lpm_value *v = bpf_map_lookup_elem(&an_prefixes, &key);
 
-	if (!v)
-		return AN_CLASS_INTERNET;
-	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
+	return class_of(bpf_map_lookup_elem(&an_prefixes, &key));
 }
 
 /* A link-local (fe80::/10), multicast (ff00::/8) or the unspecified IPv6 address. */
@@ -40,16 +52,11 @@ static __always_inline __u32 classify6(const struct an_config *cfg, const __u32 
 		.prefixlen = 32 + 128,
 		.gen = cfg ? cfg->active_gen : 0,
 	};
-	struct an_lpm_value *v;
-
 	key.addr[0] = remote[0];
 	key.addr[1] = remote[1];
 	key.addr[2] = remote[2];
 	key.addr[3] = remote[3];
-	v = bpf_map_lookup_elem(&an_prefixes6, &key);
-	if (!v)
-		return AN_CLASS_INTERNET;
-	return v->class == AN_CLASS_BLOCKED ? AN_CLASS_BLOCKED : AN_CLASS_INTERNAL;
+	return class_of(bpf_map_lookup_elem(&an_prefixes6, &key));
 }
 
 /*
@@ -68,6 +75,20 @@ static __always_inline __u32 classify_pkt(const struct an_config *cfg, const str
 		return classify6(cfg, dst ? p->daddr6 : p->saddr6);
 	}
 	return classify(cfg, dst ? p->daddr : p->saddr);
+}
+
+/* Internet traffic: plain, or of a named class (a part of the internet). */
+static __always_inline int is_internet(__u32 class)
+{
+	return class == AN_CLASS_INTERNET || (class >= AN_CLASS_NAMED && class < AN_NR_CLASSES);
+}
+
+/* The limit kind of a named class, or 0 (AN_KIND_TOTAL: none) for any other class. */
+static __always_inline __u32 named_kind(__u32 class)
+{
+	if (class >= AN_CLASS_NAMED && class < AN_NR_CLASSES)
+		return AN_KIND_NAMED + (class - AN_CLASS_NAMED);
+	return 0;
 }
 
 #endif /* ALIASNET_LIB_CLASSIFY_H */

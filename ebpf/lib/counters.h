@@ -14,8 +14,12 @@ static __always_inline void count(__u32 slot, __u32 dir, __u32 class, const stru
 	c = bpf_map_lookup_elem(&an_counters, &slot);
 	if (!c)
 		return;
+	/* The bound is checked on the register the access uses (bpf_helpers.h). */
+	barrier_var(class);
+	if (class >= AN_NR_CLASSES)
+		return;
 	/* Per-CPU value and softirq context: plain adds are not racy. */
-	ctr = &c->dir[dir & 1][class & 3];
+	ctr = &c->dir[dir & 1][class];
 	ctr->packets += p->segs;
 	ctr->bytes += p->bytes;
 }
@@ -42,16 +46,27 @@ static __always_inline void count_policed(__u32 slot, const struct an_pkt *p)
 	}
 }
 
-/* Counts a packet the uplink program put into the node cap class. */
-static __always_inline void count_capped(const struct an_pkt *p)
+/* Counts a packet of the pod's that the host veth dropped for reason `why` (AN_DROP_*). */
+static __always_inline void count_dropped(__u32 slot, __u32 why, const struct an_pkt *p)
+{
+	struct an_pod_counters *c = bpf_map_lookup_elem(&an_counters, &slot);
+
+	if (c && why < AN_NR_DROPS) {
+		c->dropped[why].packets += p->segs;
+		c->dropped[why].bytes += p->bytes;
+	}
+}
+
+/* Counts a packet an uplink program put into the node's limits of direction `dir`. */
+static __always_inline void count_staged(__u32 dir, const struct an_pkt *p)
 {
 	struct an_node_counters *c;
 	__u32 zero = 0;
 
 	c = bpf_map_lookup_elem(&an_node_ctrs, &zero);
 	if (c) {
-		c->capped.packets += p->segs;
-		c->capped.bytes += p->bytes;
+		c->staged[dir & 1].packets += p->segs;
+		c->staged[dir & 1].bytes += p->bytes;
 	}
 }
 

@@ -9,7 +9,7 @@
 #include "maps.h"
 #include "parse.h"
 
-/* The an_flows bucket of a packet's flow (5-tuple hash) within its class. */
+/* The an_flows bucket of a packet's flow (5-tuple hash) within its flow table. */
 static __always_inline __u32 flow_bucket(const struct an_pkt *p)
 {
 	__u32 h = p->saddr ^ (p->daddr * 0x9e3779b1u) ^ (p->ports * 0x85ebca6bu) ^ p->proto;
@@ -20,10 +20,10 @@ static __always_inline __u32 flow_bucket(const struct an_pkt *p)
 	return h & (AN_FLOW_BUCKETS - 1);
 }
 
-/* The flow state of bucket `bucket` in the class of an_vqueue index `idx`. */
-static __always_inline struct an_flow *flow_of(__u32 idx, __u32 bucket)
+/* The flow state of bucket `bucket` in flow table `table` (AN_FLOWS_POD, AN_FLOWS_AGG). */
+static __always_inline struct an_flow *flow_of(__u32 table, __u32 bucket)
 {
-	__u32 key = idx * AN_FLOW_BUCKETS + bucket;
+	__u32 key = table * AN_FLOW_BUCKETS + bucket;
 
 	return bpf_map_lookup_elem(&an_flows, &key);
 }

@@ -98,10 +98,33 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct an_ns_key);
-	__type(value, struct an_ns_rate);
-	__uint(max_entries, AN_MAX_NAMESPACES);
+	__type(value, struct an_ns_policy);
+	__uint(max_entries, AN_MAX_NAMESPACES + 1);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-} an_ns_rates SEC(".maps");
+} an_policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct an_entity);
+	__uint(max_entries, AN_MAX_ENTITIES);
+} an_entities SEC(".maps");
+
+/* Userspace only: namespace name -> its entity (the programs go by an_pod_meta.entity). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct an_ns_key);
+	__type(value, __u32);
+	__uint(max_entries, AN_MAX_ENTITIES);
+} an_entity_ids SEC(".maps");
+
+/* Userspace only: the named classes' names by index. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct an_class_name);
+	__uint(max_entries, AN_MAX_NAMED);
+} an_classes SEC(".maps");
 
 /*
  * The attachment-key index (an_pod_keys) is created by userspace and never read here, so

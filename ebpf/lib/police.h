@@ -12,6 +12,7 @@
 #ifndef ALIASNET_LIB_POLICE_H
 #define ALIASNET_LIB_POLICE_H
 
+#include "classify.h"
 #include "queue.h"
 
 /* The backlog the backstop of a limit at `rate` (> 0) lets through, in ns at that rate. */
@@ -56,32 +57,55 @@ static __always_inline void police_add(struct an_vqueue *q, __u64 prate,
 	__sync_fetch_and_add(&q->t_empty, tx);
 }
 
+/* Whether the backstop of one egress limit is past its tolerance. */
+static __always_inline int police_over(__u32 vq, __u64 rate, __u64 burst, __u64 frame,
+				       __u64 gso_max, __u64 now, struct an_vqueue **q)
+{
+	*q = bpf_map_lookup_elem(&an_vqueue, &vq);
+	return police_full(*q, police_tolerance(burst, rate, frame, gso_max), now);
+}
+
 /*
- * Whether the host veth drops a packet the pod sent in `class` (internal or internet, as
- * the pod-side program models it) because it exceeds the pod's egress limits: the total
- * egress limit for every such packet, the internet-egress limit for internet ones. Only
- * admitted packets are added to the models, so a pod above its limits keeps the police rate.
+ * Whether the host veth drops a packet the pod sent in `class` (internal, internet or a
+ * named class, as the pod-side program models it) because it exceeds the pod's egress
+ * limits: the total egress limit for every such packet, the internet limit for internet
+ * ones (named classes included) and a named class's own limit for its packets. Only
+ * admitted packets are added to the models, so a pod above its limits keeps the police
+ * rate. The models are the pod's AN_VQ_POLICE entries, one per limit kind.
  */
 static __always_inline int policed(__u32 slot, const struct an_pod_meta *meta, __u32 class,
 				   const struct an_pkt *p)
 {
-	__u64 erate = meta->egress_rate;
-	__u64 irate = class == AN_CLASS_INTERNET ? meta->internet_egress_rate : 0;
-	__u64 frame = frame_of(meta->frame), pe = police_rate(erate), pi = police_rate(irate);
-	struct an_vqueue *qe, *qi;
-	__u64 now;
+	const __u64 *r = meta->limits.rate[AN_DIR_EGRESS];
+	__u64 frame = frame_of(meta->frame), now, rt = r[AN_KIND_TOTAL], ri = 0, rn = 0;
+	struct an_vqueue *qt = NULL, *qi = NULL, *qn = NULL;
+	__u32 nk = named_kind(class);
 
-	if ((class != AN_CLASS_INTERNAL && class != AN_CLASS_INTERNET) || (!erate && !irate))
+	if (class != AN_CLASS_INTERNAL && !is_internet(class))
 		return 0;
-	qe = vq_of(slot * AN_VQ_PER_POD + AN_VQ_POLICE_EGRESS, erate);
-	qi = vq_of(slot * AN_VQ_PER_POD + AN_VQ_POLICE_INTERNET, irate);
+	if (is_internet(class))
+		ri = r[AN_KIND_INTERNET];
+	if (nk) {
+		/* Checked apart from the test for 0, on the register the access uses. */
+		barrier_var(nk);
+		if (nk < AN_NR_KINDS)
+			rn = r[nk];
+	}
+	if (!rt && !ri && !rn)
+		return 0;
 	now = bpf_ktime_get_ns();
-	if ((qe && police_full(qe, police_tolerance(meta->egress_burst, erate, frame,
-						     meta->gso_max), now)) ||
-	    (qi && police_full(qi, police_tolerance(0, irate, frame, meta->gso_max), now)))
+	if (rt && police_over(AN_VQ_POD(slot, AN_VQ_POLICE, AN_KIND_TOTAL), rt,
+			      meta->burst[AN_DIR_EGRESS], frame, meta->gso_max, now, &qt))
 		return 1;
-	police_add(qe, pe, p, now);
-	police_add(qi, pi, p, now);
+	if (ri && police_over(AN_VQ_POD(slot, AN_VQ_POLICE, AN_KIND_INTERNET), ri, 0, frame,
+			      meta->gso_max, now, &qi))
+		return 1;
+	if (rn && police_over(AN_VQ_POD(slot, AN_VQ_POLICE, nk), rn, 0, frame, meta->gso_max,
+			      now, &qn))
+		return 1;
+	police_add(qt, police_rate(rt), p, now);
+	police_add(qi, police_rate(ri), p, now);
+	police_add(qn, police_rate(rn), p, now);
 	return 0;
 }
 

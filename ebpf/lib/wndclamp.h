@@ -10,6 +10,7 @@
 #include "flow.h"
 #include "maps.h"
 #include "parse.h"
+#include "stage.h"
 
 #define AN_TCPOPT_EOL 0
 #define AN_TCPOPT_NOP 1
@@ -118,22 +119,18 @@ static __always_inline void clamp_mss(struct __sk_buff *skb, __u32 off,
 }
 
 /*
- * Caps the receive window advertised in the TCP segment `th` (at `off`, window shift
- * `wscale`) at `rate` x `rtt_ns` + AN_WND_QUEUE_NS of `rate` (see the window clamp in
- * aliasnet_tuning.h), shared among `flows`: the sender at the other end then keeps at most
- * that much in flight, and the shaped class queues at most a short queue's worth of it.
- * The window is only ever lowered.
+ * The cap one limit at `rate` puts on a connection's receive window: `rate` x `rtt_ns` +
+ * AN_WND_QUEUE_NS of `rate` (see the window clamp in aliasnet_tuning.h), shared among
+ * `flows`, in bytes; the sender at the other end then keeps at most that much in flight,
+ * and the shaped limit queues at most a short queue's worth of it. `frame` is the limit's
+ * segment frame. Above 100 Gbit/s any window the field can carry is below it: no cap.
  */
-static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
-					 const struct an_tcphdr *th, __u32 rtt_ns, __u8 wscale,
-					 __u64 rate, __u64 frame, __u32 flows)
+static __always_inline __u64 wnd_cap(__u64 rate, __u32 rtt_ns, __u64 frame, __u32 flows)
 {
-	__u64 cap, field;
-	__be16 win;
+	__u64 cap;
 
-	/* Above 100 Gbit/s any window the field can carry is below the cap. */
-	if (rate > 100000000000ULL || !tcp_header_fits(skb, off, th))
-		return;
+	if (rate > 100000000000ULL)
+		return ~0ULL;
 	cap = rate / 8 * (rtt_ns / 1000) / 1000000 + rate / 8 * AN_WND_QUEUE_NS / NSEC_PER_SEC;
 	if (cap < AN_WND_MIN_FRAMES * frame)
 		cap = AN_WND_MIN_FRAMES * frame;
@@ -141,7 +138,56 @@ static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
 	cap /= flows ? flows : 1;
 	if (cap < AN_WND_MIN_FLOW_FRAMES * frame)
 		cap = AN_WND_MIN_FLOW_FRAMES * frame;
-	/* Rounded up: never a zero window. */
+	return cap;
+}
+
+/* The tightest cap the limits of stage `st` put on a connection's window (~0 for none). */
+static __always_inline __u64 stage_cap(const struct an_stage *st, __u32 rtt_ns, __u64 now)
+{
+	__u64 cap = ~0ULL, c;
+	struct an_vqueue *q;
+	__u32 k;
+
+#pragma unroll
+	for (__u32 i = 0; i < AN_STAGE_MAX; i++) {
+		if (i >= st->n)
+			break;
+		k = st->vq[i];
+		q = bpf_map_lookup_elem(&an_vqueue, &k);
+		c = wnd_cap(st->rate[i], rtt_ns, seg_frame(st->rate[i], st->frame),
+			    bulk_flows(q, now));
+		if (c < cap)
+			cap = c;
+	}
+	return cap;
+}
+
+/* Marks the packet's flow as one with a backlog in every limit of stage `st`. */
+static __always_inline void stage_active(const struct an_stage *st, __u32 bucket, __u64 now)
+{
+	__u32 k;
+
+#pragma unroll
+	for (__u32 i = 0; i < AN_STAGE_MAX; i++) {
+		if (i >= st->n)
+			break;
+		k = st->vq[i];
+		flow_active(bpf_map_lookup_elem(&an_vqueue, &k), bucket, now);
+	}
+}
+
+/*
+ * Lowers the receive window advertised in the TCP segment `th` (at `off`, window shift
+ * `wscale`) to `cap` bytes, rounded up so never to zero. The window is only ever lowered.
+ */
+static __always_inline void set_window(struct __sk_buff *skb, __u32 off,
+				       const struct an_tcphdr *th, __u64 cap, __u8 wscale)
+{
+	__u64 field;
+	__be16 win;
+
+	if (cap == ~0ULL || !tcp_header_fits(skb, off, th))
+		return;
 	field = (cap + (1ULL << (wscale & 15)) - 1) >> (wscale & 15);
 	if (field >= bpf_ntohs(th->window))
 		return;
@@ -152,27 +198,86 @@ static __always_inline void clamp_window(struct __sk_buff *skb, __u32 off,
 }
 
 /*
- * TCP of a pod on the host veth, both directions: learns each connection's window scales
- * and RTT from its handshake; clamps the pod's windows when the pod has an ingress limit
- * (`ingress_limited`), and the remote's windows to the pod when the connection's traffic
- * from the pod passes the node's internet cap (`capped`).
+ * The tightest limit a packet of `class` meets in `dir` on the levels from `level` out
+ * (AN_LEVEL_POD: all of them; AN_LEVEL_NS: the aggregates), 0 = none.
+ */
+static __always_inline __u64 tightest(const struct an_config *cfg,
+				      const struct an_pod_meta *meta, __u32 slot, __u32 dir,
+				      __u32 class, __u32 level)
+{
+	struct an_stage st = {};
+	__u64 r = 0, x;
+
+#pragma unroll
+	for (__u32 l = AN_LEVEL_POD; l <= AN_LEVEL_NODE; l++) {
+		if (l < level)
+			continue;
+		stage_of(&st, cfg, meta, slot, l, dir, class);
+		x = stage_rate(&st);
+		if (x && (!r || x < r))
+			r = x;
+	}
+	return r;
+}
+
+/* The tightest window cap the limits of `dir` put on a connection, levels from `level` out. */
+static __always_inline __u64 window_cap(const struct an_config *cfg,
+					const struct an_pod_meta *meta, __u32 slot, __u32 dir,
+					__u32 class, __u32 level, __u32 rtt_ns, __u64 now)
+{
+	struct an_stage st = {};
+	__u64 cap = ~0ULL, x;
+
+#pragma unroll
+	for (__u32 l = AN_LEVEL_POD; l <= AN_LEVEL_NODE; l++) {
+		if (l < level)
+			continue;
+		stage_of(&st, cfg, meta, slot, l, dir, class);
+		x = stage_cap(&st, rtt_ns, now);
+		if (x < cap)
+			cap = x;
+	}
+	return cap;
+}
+
+/* Marks a flow to the pod as one with a backlog in every limit it meets to the pod. */
+static __always_inline void flow_to_pod(const struct an_config *cfg,
+					const struct an_pod_meta *meta, __u32 slot, __u32 class,
+					__u32 bucket, __u64 now)
+{
+	struct an_stage st = {};
+
+#pragma unroll
+	for (__u32 l = AN_LEVEL_POD; l <= AN_LEVEL_NODE; l++) {
+		stage_of(&st, cfg, meta, slot, l, AN_DIR_INGRESS, class);
+		stage_active(&st, bucket, now);
+	}
+}
+
+/*
+ * TCP of a pod on the host veth, both directions, for a packet of `class`: learns each
+ * connection's window scales and RTT from its handshake; clamps the pod's windows to the
+ * limits on traffic to the pod (its own, its namespace's, the node's), and the remote's
+ * windows to the pod to the aggregate limits on traffic from the pod (its namespace's and
+ * the node's, shaped on host devices where a drop is a loss for the pod's TCP; the pod's own
+ * egress limits shape its local TCP with back-pressure). A handshake's MSS is lowered to
+ * the segment size of the tightest limit each side sends into.
  */
 static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_config *cfg,
 				    __u32 slot, __u32 dir, const struct an_pkt *p,
-				    int ingress_limited, int capped, __u64 egress_rate, __u64 frame)
+				    const struct an_pod_meta *meta, __u32 class)
 {
 	__u32 off = l4_off(p);
 	struct an_conn_key key = {};
 	struct an_tcphdr th;
 	struct an_conn *c;
-	struct an_pod_meta *meta;
-	struct an_vqueue *q;
-	__u32 qidx;
-	__u64 now;
+	__u64 now, in_rate, agg_rate, out_rate;
 	int ws;
 
 	if (bpf_skb_load_bytes(skb, off, &th, sizeof(th)) < 0)
 		return;
+	in_rate = tightest(cfg, meta, slot, AN_DIR_INGRESS, class, AN_LEVEL_POD);
+	agg_rate = tightest(cfg, meta, slot, AN_DIR_EGRESS, class, AN_LEVEL_NS);
 	/* IPv4 as IPv4-mapped IPv6 (see struct an_pkt). */
 	for (int i = 0; i < 4; i++) {
 		key.pod_addr[i] = dir == AN_DIR_EGRESS ? p->saddr6[i] : p->daddr6[i];
@@ -192,23 +297,19 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 
 		ws = tcp_wscale(skb, off, &th);
 		/*
-		 * What each side may send into the slowest shaped class it meets: the remote into
-		 * the pod's ingress limit (the pod's MSS), the pod into its egress limit or the
-		 * node cap (the remote's MSS).
+		 * What each side may send into the tightest limit it meets: the remote into the
+		 * limits to the pod (the pod's MSS), the pod into its egress limits and its
+		 * aggregates' (the remote's MSS).
 		 */
-		if (dir == AN_DIR_EGRESS && ingress_limited) {
-			meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
-			if (meta && meta->ingress_rate)
-				clamp_mss(skb, off, &th, seg_frame(meta->ingress_rate, frame), p->v6);
+		if (dir == AN_DIR_EGRESS && in_rate) {
+			clamp_mss(skb, off, &th, seg_frame(in_rate, frame_of(meta->frame)), p->v6);
 		} else if (dir == AN_DIR_INGRESS) {
-			__u64 r = egress_rate;
-
-			if (capped && cfg && (!r || cfg->node_internet_cap < r))
-				r = cfg->node_internet_cap;
-			if (r)
-				clamp_mss(skb, off, &th, seg_frame(r, frame), p->v6);
+			out_rate = tightest(cfg, meta, slot, AN_DIR_EGRESS, class, AN_LEVEL_POD);
+			if (out_rate)
+				clamp_mss(skb, off, &th, seg_frame(out_rate, frame_of(meta->frame)),
+					  p->v6);
 		}
-		if (!ingress_limited && !capped)
+		if (!in_rate && !agg_rate)
 			return;
 		if (dir == AN_DIR_INGRESS && !(th.flags & AN_TCP_ACK)) {
 			/* The remote's SYN: its scale holds if the pod's SYN-ACK agrees. */
@@ -232,32 +333,25 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			return;
 		}
 	}
-	if (!(th.flags & AN_TCP_ACK) || (!ingress_limited && !capped))
+	if (!(th.flags & AN_TCP_ACK) || (!in_rate && !agg_rate))
 		return;
 	c = bpf_map_lookup_elem(&an_conns, &key);
 	if (!c)
 		return;
-	qidx = slot * AN_VQ_PER_POD + AN_VQ_INGRESS;
-	q = bpf_map_lookup_elem(&an_vqueue, &qidx);
+	now = bpf_ktime_get_ns();
 	if (dir == AN_DIR_INGRESS) {
-		now = bpf_ktime_get_ns();
 		if (c->state == AN_CONN_ESTABLISHED) {
 			/*
 			 * Data for the pod: the connection shares the clamp's allowance from its
 			 * first segment on, before its packets are bulk (same bucket either way).
 			 */
-			if (ingress_limited && skb->len > off + AN_TCP_HDR_LEN(th.doff))
-				flow_active(q, flow_bucket(p), now);
-			if (capped && cfg && feature_on(cfg, AN_CFG_CLAMP_OFF)) {
-				__u32 cap_idx = AN_VQ_NODE_CAP;
-				struct an_vqueue *cq = bpf_map_lookup_elem(&an_vqueue, &cap_idx);
-
-				clamp_window(skb, off, &th, c->rtt_ns, c->remote_wscale,
-					     cfg->node_internet_cap,
-					     seg_frame(cfg->node_internet_cap,
-						       frame_of(cfg->uplink_frame)),
-					     bulk_flows(cq, now));
-			}
+			if (in_rate && skb->len > off + AN_TCP_HDR_LEN(th.doff))
+				flow_to_pod(cfg, meta, slot, class, flow_bucket(p), now);
+			if (agg_rate && feature_on(cfg, AN_CFG_CLAMP_OFF))
+				set_window(skb, off, &th,
+					   window_cap(cfg, meta, slot, AN_DIR_EGRESS, class,
+						      AN_LEVEL_NS, c->rtt_ns, now),
+					   c->remote_wscale);
 			return;
 		}
 		if (c->state == AN_CONN_SYN_SENT && (th.flags & AN_TCP_SYN)) {
@@ -274,14 +368,12 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		c->state = AN_CONN_ESTABLISHED;
 		return;
 	}
-	if (!ingress_limited || c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) ||
+	if (!in_rate || c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) ||
 	    !feature_on(cfg, AN_CFG_CLAMP_OFF))
 		return;
-	meta = bpf_map_lookup_elem(&an_pod_meta, &slot);
-	if (!meta || !meta->ingress_rate)
-		return;
-	clamp_window(skb, off, &th, c->rtt_ns, c->wscale, meta->ingress_rate,
-		     seg_frame(meta->ingress_rate, frame), bulk_flows(q, bpf_ktime_get_ns()));
+	set_window(skb, off, &th,
+		   window_cap(cfg, meta, slot, AN_DIR_INGRESS, class, AN_LEVEL_POD, c->rtt_ns, now),
+		   c->wscale);
 }
 
 #endif /* ALIASNET_LIB_WNDCLAMP_H */

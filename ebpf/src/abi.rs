@@ -16,31 +16,75 @@ use aya::maps::MapType;
 use crate::maps;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
 pub const LPM_MAX_ENTRIES: u32 = 131_072;
+/// Per-namespace entries of the policy (`an_policy`), besides the default one.
 pub const MAX_NAMESPACES: u32 = 4096;
+/// Aggregates shaped at once: the node ([`NODE_ENTITY`]) and namespaces with pods here.
+pub const MAX_ENTITIES: u32 = 1024;
+pub const NODE_ENTITY: u32 = 0;
+/// Named destination classes (`[classes.<name>]` of the policy).
+pub const MAX_NAMED: usize = 32;
 
 pub const CLASS_INTERNAL: u32 = 0;
 pub const CLASS_INTERNET: u32 = 1;
 pub const CLASS_BLOCKED: u32 = 2;
 pub const CLASS_OTHER: u32 = 3;
-pub const NR_CLASSES: usize = 4;
+/// Named class `k` is `CLASS_NAMED + k`.
+pub const CLASS_NAMED: u32 = 4;
+pub const NR_CLASSES: usize = CLASS_NAMED as usize + MAX_NAMED;
+
+/// Limit kinds: a pod's total, the internet (named classes included), named class `k` at
+/// `KIND_NAMED + k`.
+pub const KIND_TOTAL: usize = 0;
+pub const KIND_INTERNET: usize = 1;
+pub const KIND_NAMED: usize = 2;
+pub const NR_KINDS: usize = KIND_NAMED + MAX_NAMED;
 
 pub const DIR_EGRESS: usize = 0;
 pub const DIR_INGRESS: usize = 1;
 pub const NR_DIRS: usize = 2;
 
 pub const HTB_MAJOR: u16 = 1;
-pub const CLASSID_POD_INGRESS: u32 = 0x0001_0001;
-pub const CLASSID_POD_INTERNET: u32 = 0x0001_0010;
-pub const CLASSID_POD_OTHER: u32 = 0x0001_0020;
-pub const CLASSID_NODE_CAP: u32 = 0x0001_0010;
-/// Minor offsets of a shaped class's two leaves (see `an_flows` in the header).
+/// `skb->priority` naming the HTB qdisc itself: its unshaped direct queue.
+pub const CLASSID_DIRECT: u32 = 0x0001_0000;
+/// Minor offsets of a limit's two leaves (see `an_flows` in the header).
 pub const LEAF_SPARSE: u32 = 1;
 pub const LEAF_BULK: u32 = 2;
+
+/// The minor of the limit of `kind` on a pod's device (`AN_POD_CLASS`).
+pub const fn pod_class(kind: usize) -> u32 {
+    match kind {
+        KIND_TOTAL => 0x1,
+        KIND_INTERNET => 0x10,
+        k => 0x100 + 0x10 * (k - KIND_NAMED) as u32,
+    }
+}
+
+/// `1:minor`.
+pub const fn classid(minor: u32) -> u32 {
+    ((HTB_MAJOR as u32) << 16) | (minor & 0xffff)
+}
+
+/// Aggregate devices: the pod at `slot`'s own bulk leaf under its group of `kind`.
+pub const fn agg_leaf(kind: usize, slot: u32) -> u32 {
+    1 + (kind - KIND_INTERNET) as u32 * MAX_PODS + slot
+}
+/// Group minors (inner class; + [`GROUP_SPARSE`], + [`GROUP_SHARED`] its leaves).
+pub const AGG_GROUP_MIN: u32 = 0x8410;
+pub const AGG_GROUP_MAX: u32 = 0xfff0;
+pub const GROUP_SPARSE: u32 = 1;
+pub const GROUP_SHARED: u32 = 2;
+/// The node's group of `kind` on its aggregate devices.
+pub const fn node_group(kind: usize) -> u32 {
+    AGG_GROUP_MIN + 3 * kind as u32
+}
+const _: () = assert!(agg_leaf(NR_KINDS - 1, MAX_PODS - 1) < AGG_GROUP_MIN);
+const _: () = assert!(node_group(NR_KINDS - 1) + GROUP_SHARED <= AGG_GROUP_MAX);
+
 /// The pod-side filter's classid is this plus the pod's slot (0 would be "none").
 pub const POD_FILTER_CLASSID_BASE: u32 = 1;
 
@@ -50,11 +94,13 @@ pub const fn pod_filter_classid(slot: u32) -> u32 {
     POD_FILTER_CLASSID_BASE + slot
 }
 
-pub const META_IN_USE: u32 = 1;
-pub const META_INTERNET_FROM_POLICY: u32 = 2;
+/// `skb->cb[0]` of traffic to a pod that its namespace's download limits shape.
+pub const CB_NS_STAGE: u32 = 0x616e_7332;
 
-/// `an_pod.flags`: the pod has an ingress limit; its TCP windows are clamped.
-pub const POD_INGRESS_LIMIT: u32 = 1;
+pub const META_IN_USE: u32 = 1;
+/// The host veth carries `an_ns_gate` (userspace only).
+pub const META_NS_GATE: u32 = 2;
+pub const ENTITY_IN_USE: u32 = 1;
 
 /// `an_conns`: TCP connections whose windows are clamped, and the states of their handshake.
 pub const MAX_CONNS: u32 = 65536;
@@ -63,9 +109,23 @@ pub const CONN_SYNACK_SENT: u8 = 2;
 pub const CONN_ESTABLISHED: u8 = 3;
 pub const CONN_SYN_RCVD: u8 = 4;
 
-/// `an_flows`: flow buckets per shaped class (one bit each in `an_vqueue`'s bitmaps).
+/// Drop reasons of `PodCounters::dropped`.
+pub const DROP_ND: usize = 0;
+pub const DROP_GATEWAY: usize = 1;
+pub const NR_DROPS: usize = 4;
+
+/// `an_flows`: flow buckets per flow table (one bit each in `an_vqueue`'s bitmaps).
 pub const FLOW_BUCKETS: u32 = 64;
-pub const FLOW_ENTRIES: u32 = VQ_ENTRIES * FLOW_BUCKETS;
+/// A pod's flow table for `dir`.
+pub const fn flows_pod(slot: u32, dir: usize) -> u32 {
+    slot * NR_DIRS as u32 + dir as u32
+}
+/// An aggregate's flow table for `dir`.
+pub const fn flows_agg(entity: u32, dir: usize) -> u32 {
+    MAX_PODS * NR_DIRS as u32 + entity * NR_DIRS as u32 + dir as u32
+}
+pub const FLOW_TABLES: u32 = (MAX_PODS + MAX_ENTITIES) * NR_DIRS as u32;
+pub const FLOW_ENTRIES: u32 = FLOW_TABLES * FLOW_BUCKETS;
 
 /// The `an_flows` bucket the programs give a packet (`flow_bucket()` in the programs): its
 /// addresses (IPv6 folded into 32 bits), protocol and, for unfragmented TCP and UDP, its
@@ -100,16 +160,19 @@ pub fn flow_bucket(
     h & (FLOW_BUCKETS - 1)
 }
 
-/// `an_vqueue` index: `slot * VQ_PER_POD + VQ_{INGRESS,EGRESS,INTERNET,POLICE_*}`, or
-/// `VQ_NODE_CAP`. The police entries are the host veth's backstop of the egress limits.
-pub const VQ_PER_POD: u32 = 5;
-pub const VQ_INGRESS: u32 = 0;
-pub const VQ_EGRESS: u32 = 1;
-pub const VQ_INTERNET: u32 = 2;
-pub const VQ_POLICE_EGRESS: u32 = 3;
-pub const VQ_POLICE_INTERNET: u32 = 4;
-pub const VQ_NODE_CAP: u32 = 5120;
-pub const VQ_ENTRIES: u32 = 5121;
+/// `an_vqueue`: a pod's models by direction, and its backstop's ([`VQ_POLICE`]).
+pub const VQ_POLICE: usize = 2;
+/// The `an_vqueue` index of the pod at `slot`'s limit of `kind` in `d` (a direction or
+/// [`VQ_POLICE`]).
+pub const fn vq_pod(slot: u32, d: usize, kind: usize) -> u32 {
+    (slot * 3 + d as u32) * NR_KINDS as u32 + kind as u32
+}
+pub const VQ_AGG_BASE: u32 = MAX_PODS * 3 * NR_KINDS as u32;
+/// The `an_vqueue` index of an aggregate's limit of `kind` in `dir`.
+pub const fn vq_agg(entity: u32, dir: usize, kind: usize) -> u32 {
+    VQ_AGG_BASE + (entity * NR_DIRS as u32 + dir as u32) * NR_KINDS as u32 + kind as u32
+}
+pub const VQ_ENTRIES: u32 = VQ_AGG_BASE + MAX_ENTITIES * NR_DIRS as u32 * NR_KINDS as u32;
 
 // The tuning constants used to live here; they stay reachable as `abi::*` for existing users.
 pub use crate::tuning::{
@@ -120,18 +183,22 @@ pub use crate::tuning::{
     SEG_NS, SPARSE_RATE_DIV, WND_MIN_FLOW_FRAMES, WND_MIN_FRAMES, WND_QUEUE_NS,
 };
 
-/// Traffic class of a packet, decided on its remote address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Traffic class of a packet, decided on its remote address, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Class {
     Internal,
+    /// Internet traffic in no named class.
     Internet,
     Blocked,
     /// Not IP (ARP, malformed IPv4 or IPv6): passed and counted here.
     Other,
+    /// Named class `k` (`< MAX_NAMED`): a part of the internet.
+    Named(u8),
 }
 
 impl Class {
-    pub const ALL: [Class; NR_CLASSES] = [
+    /// The classes that are not named.
+    pub const FIXED: [Class; 4] = [
         Class::Internal,
         Class::Internet,
         Class::Blocked,
@@ -144,21 +211,41 @@ impl Class {
             Class::Internet => CLASS_INTERNET as usize,
             Class::Blocked => CLASS_BLOCKED as usize,
             Class::Other => CLASS_OTHER as usize,
+            Class::Named(k) => CLASS_NAMED as usize + k as usize,
         }
     }
 
-    pub const fn name(self) -> &'static str {
-        match self {
-            Class::Internal => "internal",
-            Class::Internet => "internet",
-            Class::Blocked => "blocked",
-            Class::Other => "other",
+    /// The class counted at `index` (`< NR_CLASSES`).
+    pub const fn from_index(index: usize) -> Class {
+        match index {
+            0 => Class::Internal,
+            1 => Class::Internet,
+            2 => Class::Blocked,
+            3 => Class::Other,
+            i => Class::Named((i - CLASS_NAMED as usize) as u8),
         }
+    }
+
+    /// The name of a class that is not named; `None` for a named class (its name is in
+    /// `an_classes`).
+    pub const fn fixed_name(self) -> Option<&'static str> {
+        match self {
+            Class::Internal => Some("internal"),
+            Class::Internet => Some("internet"),
+            Class::Blocked => Some("blocked"),
+            Class::Other => Some("other"),
+            Class::Named(_) => None,
+        }
+    }
+
+    /// Internet traffic (plain, or of a named class).
+    pub const fn is_internet(self) -> bool {
+        matches!(self, Class::Internet | Class::Named(_))
     }
 }
 
 /// Direction seen from the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Direction {
     /// From the pod (host veth ingress).
     Egress,
@@ -240,17 +327,25 @@ pub struct Config {
     pub abi_version: u32,
     pub active_gen: u32,
     pub policy_epoch: u64,
-    pub default_internet_rate: u64,
-    pub node_internet_cap: u64,
+    /// Bumped on every attach and detach.
+    pub pods_epoch: u64,
     pub uplink_ifindex: u32,
     pub flags: u32,
     /// The uplink's largest frame (MTU + Ethernet header), bytes.
     pub uplink_frame: u32,
     /// The uplink's largest GSO/GRO aggregate, bytes.
     pub uplink_gso_max: u32,
-    pub reserved: [u64; 2],
+    /// The namespaces' download device (IFB), 0 = not in use.
+    pub ns_in_ifindex: u32,
+    /// The namespaces' upload device (IFB), 0 = not in use.
+    pub ns_out_ifindex: u32,
+    /// The node's download device (IFB), 0 = not in use.
+    pub node_in_ifindex: u32,
+    /// 1 = the node's upload limits are on the uplink.
+    pub node_out: u32,
+    pub reserved: [u64; 3],
 }
-const _: () = assert!(core::mem::size_of::<Config>() == 64);
+const _: () = assert!(core::mem::size_of::<Config>() == 80);
 
 /// `struct an_pod`.
 #[repr(C)]
@@ -283,20 +378,37 @@ impl core::ops::AddAssign for Counter {
 }
 
 /// `struct an_pod_counters`: `dir[direction][class]`, what the pod sent that the host veth
-/// dropped as not from its own address (`spoofed`, in no class), and what it dropped above
-/// the pod's egress limits (`policed`, also counted in its class).
+/// dropped as not from its own address (`spoofed`, in no class), what it dropped above the
+/// pod's egress limits (`policed`, also counted in its class), and other drops by reason
+/// (`dropped[DROP_*]`, in no class).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PodCounters {
     pub dir: [[Counter; NR_CLASSES]; NR_DIRS],
     pub spoofed: Counter,
     pub policed: Counter,
+    pub dropped: [Counter; NR_DROPS],
 }
-const _: () = assert!(core::mem::size_of::<PodCounters>() == 160);
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 1248);
+
+impl Default for PodCounters {
+    fn default() -> Self {
+        zeroed()
+    }
+}
 
 impl PodCounters {
     pub fn get(&self, dir: Direction, class: Class) -> Counter {
         self.dir[dir.index()][class.index()]
+    }
+
+    /// All internet traffic of `dir`: plain internet and every named class.
+    pub fn internet(&self, dir: Direction) -> Counter {
+        let mut c = self.get(dir, Class::Internet);
+        for k in 0..MAX_NAMED {
+            c += self.get(dir, Class::Named(k as u8));
+        }
+        c
     }
 }
 
@@ -309,17 +421,56 @@ impl core::ops::AddAssign for PodCounters {
         }
         self.spoofed += rhs.spoofed;
         self.policed += rhs.policed;
+        for (x, y) in self.dropped.iter_mut().zip(rhs.dropped.iter()) {
+            *x += *y;
+        }
     }
 }
 
-/// `struct an_node_counters`.
+/// `struct an_node_counters`: what the uplink programs put into the node's limits, by
+/// direction.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NodeCounters {
-    pub capped: Counter,
-    pub reserved: [u64; 2],
+    pub staged: [Counter; NR_DIRS],
+    pub reserved: [u64; 4],
 }
-const _: () = assert!(core::mem::size_of::<NodeCounters>() == 32);
+const _: () = assert!(core::mem::size_of::<NodeCounters>() == 64);
+
+/// `struct an_rates`: a level's limits, bit/s by direction and kind, 0 = none.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rates {
+    pub rate: [[u64; NR_KINDS]; NR_DIRS],
+}
+const _: () = assert!(core::mem::size_of::<Rates>() == 544);
+
+impl Default for Rates {
+    fn default() -> Self {
+        zeroed()
+    }
+}
+
+impl Rates {
+    /// The limit of `kind` in `dir`, `None` for none.
+    pub fn get(&self, dir: Direction, kind: usize) -> Option<u64> {
+        Some(self.rate[dir.index()][kind]).filter(|r| *r != 0)
+    }
+
+    pub fn set(&mut self, dir: Direction, kind: usize, rate: Option<u64>) {
+        self.rate[dir.index()][kind] = rate.unwrap_or(0);
+    }
+
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.rate.iter().flatten().any(|r| *r != 0)
+    }
+
+    /// Whether any limit of `dir` is set.
+    pub fn any_in(&self, dir: Direction) -> bool {
+        self.rate[dir.index()].iter().any(|r| *r != 0)
+    }
+}
 
 /// `struct an_pod_meta`. Strings are NUL-padded bytes.
 #[repr(C)]
@@ -329,66 +480,95 @@ pub struct PodMeta {
     pub host_ifindex: u32,
     pub ipv4: [u8; 4],
     pub pod_ifindex: u32,
-    pub ingress_rate: u64,
-    pub ingress_burst: u64,
-    pub egress_rate: u64,
-    pub egress_burst: u64,
-    pub internet_egress_rate: u64,
+    /// The pod's namespace in `an_entities`, 0 = none.
+    pub entity: u32,
+    /// The pod veth's largest frame (MTU + Ethernet header), bytes.
+    pub frame: u32,
+    /// The pod veth's largest GSO/GRO aggregate, bytes.
+    pub gso_max: u32,
+    pub reserved0: u32,
+    /// Effective limits: the pod's own and the policy's, the policy a ceiling.
+    pub limits: Rates,
+    /// Effective bursts of the total limits, bytes, by direction.
+    pub burst: [u64; NR_DIRS],
+    /// The pod's own total limits (runtimeConfig, kubelet annotations), 0 = none.
+    pub own_total: [u64; NR_DIRS],
+    /// The pod's internet annotations, 0 = none.
+    pub own_internet: [u64; NR_DIRS],
+    /// Bursts (bits) as the runtime gave them, 0 = unset.
+    pub own_burst: [u64; NR_DIRS],
+    /// `[level][dir]`, level 0 the namespace, 1 the node: bit K set when the pod has its own
+    /// bulk leaf under the group of kind K on that aggregate device.
+    pub agg_leaves: [[u64; NR_DIRS]; 2],
     pub attached_unix_ns: u64,
+    /// The pod's network namespace as opened on attach.
+    pub netns_dev: u64,
+    pub netns_ino: u64,
     pub k8s_namespace: [u8; 64],
     pub k8s_name: [u8; 256],
     pub container_id: [u8; 128],
     pub ifname: [u8; 16],
     pub host_ifname: [u8; 16],
     pub netns: [u8; 256],
-    /// The pod veth's largest frame (MTU + Ethernet header), bytes.
-    pub frame: u32,
-    /// The pod veth's largest GSO/GRO aggregate, bytes.
-    pub gso_max: u32,
     /// IPv6 octets in network order, all zero = none.
     pub ipv6: [u8; 16],
+    /// The pod interface's link-local address, all zero = unknown.
+    pub ipv6_ll: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<PodMeta>() == 824);
-const _: () = assert!(core::mem::offset_of!(PodMeta, k8s_namespace) == 64);
+const _: () = assert!(core::mem::size_of::<PodMeta>() == 1464);
 
 impl Default for PodMeta {
     fn default() -> Self {
-        Self {
-            flags: 0,
-            host_ifindex: 0,
-            ipv4: [0; 4],
-            pod_ifindex: 0,
-            ingress_rate: 0,
-            ingress_burst: 0,
-            egress_rate: 0,
-            egress_burst: 0,
-            internet_egress_rate: 0,
-            attached_unix_ns: 0,
-            k8s_namespace: [0; 64],
-            k8s_name: [0; 256],
-            container_id: [0; 128],
-            ifname: [0; 16],
-            host_ifname: [0; 16],
-            netns: [0; 256],
-            frame: 0,
-            gso_max: 0,
-            ipv6: [0; 16],
-        }
+        zeroed()
+    }
+}
+
+impl PodMeta {
+    /// The pod's effective limit of `kind` in `dir`, `None` for none.
+    pub fn limit(&self, dir: Direction, kind: usize) -> Option<u64> {
+        self.limits.get(dir, kind)
+    }
+
+    /// The total ingress limit (traffic to the pod), bit/s, 0 = none.
+    pub fn ingress_rate(&self) -> u64 {
+        self.limits.rate[DIR_INGRESS][KIND_TOTAL]
+    }
+
+    /// The total egress limit, bit/s, 0 = none.
+    pub fn egress_rate(&self) -> u64 {
+        self.limits.rate[DIR_EGRESS][KIND_TOTAL]
+    }
+
+    /// The internet-egress limit, bit/s, 0 = none.
+    pub fn internet_egress_rate(&self) -> u64 {
+        self.limits.rate[DIR_EGRESS][KIND_INTERNET]
+    }
+
+    /// The internet-ingress (download) limit, bit/s, 0 = none.
+    pub fn internet_ingress_rate(&self) -> u64 {
+        self.limits.rate[DIR_INGRESS][KIND_INTERNET]
     }
 }
 
 impl core::fmt::Debug for PodMeta {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let limits: Vec<(&str, usize, u64)> = Direction::ALL
+            .iter()
+            .flat_map(|d| {
+                (0..NR_KINDS).filter_map(move |k| self.limit(*d, k).map(|r| (d.name(), k, r)))
+            })
+            .collect();
         f.debug_struct("PodMeta")
             .field("flags", &self.flags)
             .field("host_ifindex", &self.host_ifindex)
             .field("ipv4", &Ipv4Addr::from(self.ipv4))
             .field("pod_ifindex", &self.pod_ifindex)
-            .field("ingress_rate", &self.ingress_rate)
-            .field("ingress_burst", &self.ingress_burst)
-            .field("egress_rate", &self.egress_rate)
-            .field("egress_burst", &self.egress_burst)
-            .field("internet_egress_rate", &self.internet_egress_rate)
+            .field("entity", &self.entity)
+            .field("limits", &limits)
+            .field("burst", &self.burst)
+            .field("own_total", &self.own_total)
+            .field("own_internet", &self.own_internet)
+            .field("agg_leaves", &self.agg_leaves)
             .field("k8s_namespace", &cstr(&self.k8s_namespace))
             .field("k8s_name", &cstr(&self.k8s_name))
             .field("container_id", &cstr(&self.container_id))
@@ -398,6 +578,7 @@ impl core::fmt::Debug for PodMeta {
             .field("frame", &self.frame)
             .field("gso_max", &self.gso_max)
             .field("ipv6", &Ipv6Addr::from(self.ipv6))
+            .field("ipv6_ll", &Ipv6Addr::from(self.ipv6_ll))
             .finish()
     }
 }
@@ -419,11 +600,6 @@ impl core::fmt::Debug for PodKey {
             .field("ifname", &cstr(&self.ifname))
             .finish()
     }
-}
-
-/// The `an_vqueue` index of a pod's class queue (`VQ_INGRESS`, `VQ_EGRESS`, `VQ_INTERNET`).
-pub const fn vq_index(slot: u32, class: u32) -> u32 {
-    slot * VQ_PER_POD + class
 }
 
 /// `struct an_vqueue`: the modelled queue of one shaped class (see the header).
@@ -487,7 +663,7 @@ pub struct Conn {
 }
 const _: () = assert!(core::mem::size_of::<Conn>() == 16);
 
-/// `struct an_ns_key`: a namespace name, NUL padded.
+/// `struct an_ns_key`: a namespace name, NUL padded ("" in `an_policy`: the default).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NsKey {
@@ -495,13 +671,66 @@ pub struct NsKey {
 }
 const _: () = assert!(core::mem::size_of::<NsKey>() == 64);
 
-/// `struct an_ns_rate`.
+/// `struct an_ns_policy`: the policy's pod-level and namespace-level limits for a namespace.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NsRate {
-    pub internet_rate: u64,
+pub struct NsPolicy {
+    pub pod: Rates,
+    pub ns: Rates,
 }
-const _: () = assert!(core::mem::size_of::<NsRate>() == 8);
+const _: () = assert!(core::mem::size_of::<NsPolicy>() == 1088);
+
+/// `struct an_entity`: an aggregate shaped on this node (the node at [`NODE_ENTITY`], or a
+/// namespace with pods here): its limits and the HTB groups of each limited kind on the
+/// level's device of each direction.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Entity {
+    pub flags: u32,
+    pub pods: u32,
+    pub limits: Rates,
+    pub groups: [[u16; NR_KINDS]; NR_DIRS],
+    pub name: [u8; 64],
+}
+const _: () = assert!(core::mem::size_of::<Entity>() == 752);
+
+impl Default for Entity {
+    fn default() -> Self {
+        zeroed()
+    }
+}
+
+impl core::fmt::Debug for Entity {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Entity")
+            .field("flags", &self.flags)
+            .field("pods", &self.pods)
+            .field("name", &cstr(&self.name))
+            .field("limits", &self.limits)
+            .field("groups", &self.groups)
+            .finish()
+    }
+}
+
+/// `struct an_class_name`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassName {
+    pub name: [u8; 64],
+}
+const _: () = assert!(core::mem::size_of::<ClassName>() == 64);
+
+impl Default for ClassName {
+    fn default() -> Self {
+        zeroed()
+    }
+}
+
+/// A zeroed value of a map type (every field an integer or byte array: all zero is valid).
+fn zeroed<T: aya::Pod>() -> T {
+    // SAFETY: `aya::Pod` types are plain old data, for which all-zero bytes are a valid value.
+    unsafe { core::mem::zeroed() }
+}
 
 // SAFETY: all of these are `#[repr(C)]`, made only of integers and byte arrays, with no
 // implicit padding (sizes asserted above equal the sum of their fields), so every bit
@@ -517,13 +746,16 @@ unsafe impl aya::Pod for NodeCounters {}
 unsafe impl aya::Pod for PodMeta {}
 unsafe impl aya::Pod for PodKey {}
 unsafe impl aya::Pod for NsKey {}
-unsafe impl aya::Pod for NsRate {}
+unsafe impl aya::Pod for NsPolicy {}
+unsafe impl aya::Pod for Rates {}
+unsafe impl aya::Pod for Entity {}
+unsafe impl aya::Pod for ClassName {}
 unsafe impl aya::Pod for VQueue {}
 unsafe impl aya::Pod for Flow {}
 unsafe impl aya::Pod for ConnKey {}
 unsafe impl aya::Pod for Conn {}
 
-/// `BPF_F_NO_PREALLOC`: entries are allocated on insert (the prefix tries, `an_ns_rates`).
+/// `BPF_F_NO_PREALLOC`: entries are allocated on insert (the prefix tries, `an_policy`).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// The definition of one pinned map: what the object declares (or, for [`POD_KEYS`], what
@@ -556,7 +788,7 @@ const fn def<K, V>(name: &'static str, kind: MapType, max_entries: u32, flags: u
 /// Every map of the datapath object, in [`crate::maps::ALL`] order: the one place their
 /// types, sizes and capacities are written down on the Rust side (the header's
 /// `ebpf/lib/maps.h` on the C side; `tests/btf_abi.rs` compares the two).
-pub const MAPS: [MapDef; 13] = [
+pub const MAPS: [MapDef; 16] = [
     def::<aya::maps::lpm_trie::Key<LpmKeyData>, LpmValue>(
         maps::PREFIXES,
         MapType::LpmTrie,
@@ -569,14 +801,8 @@ pub const MAPS: [MapDef; 13] = [
     def::<u32, PodCounters>(maps::COUNTERS, MapType::PerCpuArray, MAX_PODS, 0),
     def::<u32, NodeCounters>(maps::NODE_COUNTERS, MapType::PerCpuArray, 1, 0),
     def::<u32, PodMeta>(maps::POD_META, MapType::Array, MAX_PODS, 0),
-    def::<NsKey, NsRate>(
-        maps::NS_RATES,
-        MapType::Hash,
-        MAX_NAMESPACES,
-        BPF_F_NO_PREALLOC,
-    ),
     // ECN marking state; the programs own it, userspace only reads it and resets a slot's
-    // entries when a new pod takes the slot.
+    // or an aggregate's entries when a new pod or namespace takes it.
     def::<u32, VQueue>(maps::VQUEUE, MapType::Array, VQ_ENTRIES, 0),
     // Flow isolation state; the programs own it (stale entries lie in the past, so a slot's
     // next pod needs no reset).
@@ -590,6 +816,15 @@ pub const MAPS: [MapDef; 13] = [
         BPF_F_NO_PREALLOC,
     ),
     def::<[u8; 16], u32>(maps::POD_IPS6, MapType::Hash, MAX_PODS, 0),
+    def::<NsKey, NsPolicy>(
+        maps::POLICY,
+        MapType::Hash,
+        MAX_NAMESPACES + 1,
+        BPF_F_NO_PREALLOC,
+    ),
+    def::<u32, Entity>(maps::ENTITIES, MapType::Array, MAX_ENTITIES, 0),
+    def::<NsKey, u32>(maps::ENTITY_IDS, MapType::Hash, MAX_ENTITIES, 0),
+    def::<u32, ClassName>(maps::CLASSES, MapType::Array, MAX_NAMED as u32, 0),
 ];
 
 /// The attachment-key index [`PodKey`] -> slot: userspace creates and pins it next to
@@ -617,6 +852,9 @@ impl NsKey {
     pub fn new(name: &str) -> Option<Self> {
         fixed_str::<64>(name).map(|name| Self { name })
     }
+
+    /// `an_policy`'s key of the default: every namespace without an entry of its own.
+    pub const DEFAULT: NsKey = NsKey { name: [0; 64] };
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@
 //! `policy` act on a `Datapath`.
 
 pub mod abi;
+pub mod aggregate;
 pub mod datapath;
 mod error;
 pub mod htb;
@@ -50,6 +51,7 @@ pub mod policy;
 pub mod shape;
 pub mod tuning;
 
+pub use aggregate::AggregateReport;
 pub use datapath::{
     install::InstallReport,
     pins::{ensure_bpffs, PinPaths, DEFAULT_PIN_ROOT},
@@ -62,7 +64,9 @@ pub use pod::{
     AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord, QdiscState,
     ShapingStats, Teardown,
 };
-pub use policy::{resolve_uplink, NodePolicy, PolicyReport};
+pub use policy::{
+    resolve_uplink, Dest, LevelLimits, NamespaceLimits, NodePolicy, PolicyReport, INTERNET,
+};
 pub use shape::{DeviceSizes, Shape};
 
 // Pods' namespaces are entered through `aliasnet-netns` only.
@@ -81,10 +85,25 @@ pub mod programs {
     pub const HOST_EGRESS: &str = "an_host_egress";
     /// Pod eth0 egress: pick the HTB class (internet or other) of the pod's egress qdisc.
     pub const POD_EGRESS: &str = "an_pod_egress";
-    /// Node uplink egress: put pods' internet traffic into the node-wide cap class.
+    /// Node uplink egress: the leaf of the node's upload limits.
     pub const UPLINK: &str = "an_uplink";
+    /// Node uplink ingress: the leaf of the node's download limits, and to their device.
+    pub const UPLINK_IN: &str = "an_uplink_in";
+    /// Host veth egress, after [`HOST_EGRESS`], classic cls_bpf with a mirred action: to the
+    /// namespaces' download device.
+    pub const NS_GATE: &str = "an_ns_gate";
+    /// The HTB of the namespaces' download device: the leaf [`HOST_EGRESS`] chose.
+    pub const NS_CLASSIFY: &str = "an_ns_classify";
     /// Every program, in a stable order.
-    pub const ALL: [&str; 4] = [HOST_INGRESS, HOST_EGRESS, POD_EGRESS, UPLINK];
+    pub const ALL: [&str; 7] = [
+        HOST_INGRESS,
+        HOST_EGRESS,
+        POD_EGRESS,
+        UPLINK,
+        UPLINK_IN,
+        NS_GATE,
+        NS_CLASSIFY,
+    ];
 }
 
 /// Map names in [`DATAPATH_OBJECT`] (also their pin file names).
@@ -103,11 +122,10 @@ pub mod maps {
     pub const NODE_COUNTERS: &str = "an_node_ctrs";
     /// Array slot -> [`crate::abi::PodMeta`] (userspace only).
     pub const POD_META: &str = "an_pod_meta";
-    /// Hash [`crate::abi::NsKey`] -> [`crate::abi::NsRate`].
-    pub const NS_RATES: &str = "an_ns_rates";
-    /// Array slot (or [`crate::abi::VQ_NODE_CAP`]) -> [`crate::abi::VQueue`]: ECN marking state.
+    /// Array ([`crate::abi::vq_pod`], [`crate::abi::vq_agg`]) -> [`crate::abi::VQueue`]:
+    /// the queue models.
     pub const VQUEUE: &str = "an_vqueue";
-    /// Array (`an_vqueue` index x flow bucket) -> [`crate::abi::Flow`]: flow isolation state.
+    /// Array (flow table x flow bucket) -> [`crate::abi::Flow`]: flow isolation state.
     pub const FLOWS: &str = "an_flows";
     /// LRU hash [`crate::abi::ConnKey`] -> [`crate::abi::Conn`]: the window clamp's connections.
     pub const CONNS: &str = "an_conns";
@@ -115,8 +133,16 @@ pub mod maps {
     pub const PREFIXES6: &str = "an_prefixes6";
     /// Hash pod IPv6 (network order) -> slot.
     pub const POD_IPS6: &str = "an_pod_ips6";
+    /// Hash [`crate::abi::NsKey`] -> [`crate::abi::NsPolicy`] (userspace only).
+    pub const POLICY: &str = "an_policy";
+    /// Array entity -> [`crate::abi::Entity`]: the node's and namespaces' aggregates.
+    pub const ENTITIES: &str = "an_entities";
+    /// Hash [`crate::abi::NsKey`] -> entity (userspace only).
+    pub const ENTITY_IDS: &str = "an_entity_ids";
+    /// Array named class -> [`crate::abi::ClassName`] (userspace only).
+    pub const CLASSES: &str = "an_classes";
     /// Every map, in a stable order.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 16] = [
         PREFIXES,
         CONFIG,
         PODS,
@@ -124,11 +150,14 @@ pub mod maps {
         COUNTERS,
         NODE_COUNTERS,
         POD_META,
-        NS_RATES,
         VQUEUE,
         FLOWS,
         CONNS,
         PREFIXES6,
         POD_IPS6,
+        POLICY,
+        ENTITIES,
+        ENTITY_IDS,
+        CLASSES,
     ];
 }

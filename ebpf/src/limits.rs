@@ -17,9 +17,12 @@ pub const ANNOTATION_INGRESS: &str = "kubernetes.io/ingress-bandwidth";
 pub const ANNOTATION_EGRESS: &str = "kubernetes.io/egress-bandwidth";
 /// Pod annotation for the internet-bound egress limit (aliasnet's own).
 pub const ANNOTATION_INTERNET_EGRESS: &str = "aliasnet.io/internet-egress-bandwidth";
+/// Pod annotation for the limit on what the pod downloads from the internet (aliasnet's own).
+pub const ANNOTATION_INTERNET_INGRESS: &str = "aliasnet.io/internet-ingress-bandwidth";
 
 /// What a pod asks for. Rates are bit/s, bursts bits, as in CNI `runtimeConfig.bandwidth`.
-/// `None` means "not set". `internet_egress_rate: None` lets node policy decide.
+/// `None` means "not set". The internet limits can only lower what node policy gives the
+/// pod's namespace, never raise it: policy is a ceiling the pod's owner cannot lift.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     pub ingress_rate: Option<u64>,
@@ -27,6 +30,7 @@ pub struct Limits {
     pub egress_rate: Option<u64>,
     pub egress_burst: Option<u64>,
     pub internet_egress_rate: Option<u64>,
+    pub internet_ingress_rate: Option<u64>,
 }
 
 /// A bandwidth value that cannot be used; `field` names where it came from.
@@ -61,7 +65,8 @@ impl Limits {
     /// For ingress and egress, `runtimeConfig` wins when both are given (containerd derives it
     /// from the same annotations); every annotation present is still parsed, so a bad value
     /// is reported even when shadowed. The internet-egress limit comes from
-    /// `aliasnet.io/internet-egress-bandwidth` only.
+    /// `aliasnet.io/internet-egress-bandwidth`, the internet-ingress limit from
+    /// `aliasnet.io/internet-ingress-bandwidth`.
     pub fn from_cni(
         bw: CniBandwidth,
         annotations: &BTreeMap<String, String>,
@@ -75,12 +80,14 @@ impl Limits {
         let ann_ingress = ann(ANNOTATION_INGRESS)?;
         let ann_egress = ann(ANNOTATION_EGRESS)?;
         let ann_internet = ann(ANNOTATION_INTERNET_EGRESS)?;
+        let ann_internet_in = ann(ANNOTATION_INTERNET_INGRESS)?;
         let limits = Self {
             ingress_rate: bw.ingress_rate.or(ann_ingress),
             ingress_burst: bw.ingress_burst,
             egress_rate: bw.egress_rate.or(ann_egress),
             egress_burst: bw.egress_burst,
             internet_egress_rate: ann_internet,
+            internet_ingress_rate: ann_internet_in,
         };
         // Name the field the value came from.
         let src = |cni: Option<u64>, cni_name: &'static str, ann_name: &'static str| {
@@ -107,6 +114,7 @@ impl Limits {
             limits.egress_rate,
         )?;
         check_rate(ANNOTATION_INTERNET_EGRESS, limits.internet_egress_rate)?;
+        check_rate(ANNOTATION_INTERNET_INGRESS, limits.internet_ingress_rate)?;
         check_burst("runtimeConfig.bandwidth.ingressBurst", limits.ingress_burst)?;
         check_burst("runtimeConfig.bandwidth.egressBurst", limits.egress_burst)?;
         Ok(limits)
@@ -117,6 +125,7 @@ impl Limits {
         check_rate("ingress_rate", self.ingress_rate)?;
         check_rate("egress_rate", self.egress_rate)?;
         check_rate("internet_egress_rate", self.internet_egress_rate)?;
+        check_rate("internet_ingress_rate", self.internet_ingress_rate)?;
         check_burst("ingress_burst", self.ingress_burst)?;
         check_burst("egress_burst", self.egress_burst)?;
         Ok(())

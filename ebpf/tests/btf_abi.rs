@@ -104,19 +104,27 @@ fn mirrors() -> Vec<Mirror> {
                 abi_version,
                 active_gen,
                 policy_epoch,
-                default_internet_rate,
-                node_internet_cap,
+                pods_epoch,
                 uplink_ifindex,
                 flags,
                 uplink_frame,
                 uplink_gso_max,
+                ns_in_ifindex,
+                ns_out_ifindex,
+                node_in_ifindex,
+                node_out,
                 reserved,
             ]
         ),
         mirror!("an_pod", abi::Pod, [slot, flags, ipv4, reserved, ipv6]),
         mirror!("an_counter", abi::Counter, [packets, bytes]),
-        mirror!("an_pod_counters", abi::PodCounters, [dir, spoofed, policed]),
-        mirror!("an_node_counters", abi::NodeCounters, [capped, reserved]),
+        mirror!(
+            "an_pod_counters",
+            abi::PodCounters,
+            [dir, spoofed, policed, dropped]
+        ),
+        mirror!("an_node_counters", abi::NodeCounters, [staged, reserved]),
+        mirror!("an_rates", abi::Rates, [rate]),
         mirror!(
             "an_pod_meta",
             abi::PodMeta,
@@ -125,24 +133,35 @@ fn mirrors() -> Vec<Mirror> {
                 host_ifindex,
                 ipv4,
                 pod_ifindex,
-                ingress_rate,
-                ingress_burst,
-                egress_rate,
-                egress_burst,
-                internet_egress_rate,
+                entity,
+                frame,
+                gso_max,
+                reserved0,
+                limits,
+                burst,
+                own_total,
+                own_internet,
+                own_burst,
+                agg_leaves,
                 attached_unix_ns,
+                netns_dev,
+                netns_ino,
                 k8s_namespace,
                 k8s_name,
                 container_id,
                 ifname,
                 host_ifname,
                 netns,
-                frame,
-                gso_max,
                 ipv6,
+                ipv6_ll,
             ]
         ),
         mirror!("an_pod_key", abi::PodKey, [container_id, ifname]),
+        mirror!(
+            "an_entity",
+            abi::Entity,
+            [flags, pods, limits, groups, name]
+        ),
         mirror!(
             "an_vqueue",
             abi::VQueue,
@@ -160,7 +179,8 @@ fn mirrors() -> Vec<Mirror> {
             [t_handshake, rtt_ns, wscale, state, remote_wscale, reserved]
         ),
         mirror!("an_ns_key", abi::NsKey, [name]),
-        mirror!("an_ns_rate", abi::NsRate, [internet_rate]),
+        mirror!("an_ns_policy", abi::NsPolicy, [pod, ns]),
+        mirror!("an_class_name", abi::ClassName, [name]),
     ]
 }
 
@@ -202,7 +222,7 @@ fn struct_layouts_match_btf() {
 }
 
 /// The C key and value types of each map, so that two structs of one size cannot swap.
-const MAP_TYPES: [(&str, &str, &str); 13] = [
+const MAP_TYPES: [(&str, &str, &str); 16] = [
     ("an_prefixes", "struct an_lpm_key", "struct an_lpm_value"),
     ("an_config", "__u32", "struct an_config"),
     ("an_pods", "__u32", "struct an_pod"),
@@ -210,12 +230,15 @@ const MAP_TYPES: [(&str, &str, &str); 13] = [
     ("an_counters", "__u32", "struct an_pod_counters"),
     ("an_node_ctrs", "__u32", "struct an_node_counters"),
     ("an_pod_meta", "__u32", "struct an_pod_meta"),
-    ("an_ns_rates", "struct an_ns_key", "struct an_ns_rate"),
     ("an_vqueue", "__u32", "struct an_vqueue"),
     ("an_flows", "__u32", "struct an_flow"),
     ("an_conns", "struct an_conn_key", "struct an_conn"),
     ("an_prefixes6", "struct an_lpm6_key", "struct an_lpm_value"),
     ("an_pod_ips6", "__u32[4]", "__u32"),
+    ("an_policy", "struct an_ns_key", "struct an_ns_policy"),
+    ("an_entities", "__u32", "struct an_entity"),
+    ("an_entity_ids", "struct an_ns_key", "__u32"),
+    ("an_classes", "__u32", "struct an_class_name"),
 ];
 
 #[test]

@@ -254,49 +254,98 @@ fn unregistered_device_is_enforced_but_not_counted() {
 #[test]
 fn pod_egress_selects_the_htb_class() {
     let mut f = Fixture::with_policy();
+    f.prefix(0, (ip("203.0.113.128"), 25), abi::CLASS_NAMED);
     let ctx = prio_ctx(6);
-    // No limit in the pod's record: every packet names its class's bulk leaf.
+    let internet = Ip::new(POD_IP, ip("203.0.113.1")).build();
+    let internal = Ip::new(POD_IP, ip("10.1.1.1")).build();
+    let blocked = Ip::new(POD_IP, ip("169.254.169.254")).build();
+    let named = Ip::new(POD_IP, ip("203.0.113.200")).build();
+    // No limit in the pod's record: everything leaves unshaped (HTB's direct queue).
+    for pkt in [&internet, &internal, &blocked, &named] {
+        let (ret, out) = f.run(programs::POD_EGRESS, pkt, Some(&ctx));
+        assert_eq!(ret, TC_ACT_UNSPEC, "the pod-side program never drops");
+        assert_eq!(prio_of(&out), abi::CLASSID_DIRECT);
+    }
+    // An internet limit only: internal traffic stays unshaped, a named class is internet.
+    f.set_limit(Egress, abi::KIND_INTERNET, Some(SLOW));
     let cases = [
-        (
-            Ip::new(POD_IP, ip("203.0.113.1")).build(),
-            abi::CLASSID_POD_INTERNET + abi::LEAF_BULK,
-        ),
-        (
-            Ip::new(POD_IP, ip("10.1.1.1")).build(),
-            abi::CLASSID_POD_OTHER + abi::LEAF_BULK,
-        ),
-        (
-            Ip::new(POD_IP, ip("169.254.169.254")).build(),
-            abi::CLASSID_POD_OTHER + abi::LEAF_BULK,
-        ),
-        (arp_request(), abi::CLASSID_POD_OTHER + abi::LEAF_BULK),
+        (&internet, pod_leaf(abi::KIND_INTERNET, abi::LEAF_SPARSE)),
+        (&internal, abi::CLASSID_DIRECT),
+        (&named, pod_leaf(abi::KIND_INTERNET, abi::LEAF_SPARSE)),
     ];
     for (pkt, want) in cases {
-        let (ret, out) = f.run(programs::POD_EGRESS, &pkt, Some(&ctx));
-        assert_eq!(ret, TC_ACT_UNSPEC, "the pod-side program never drops");
-        assert_eq!(prio_of(&out), want);
+        let (_, out) = f.run(programs::POD_EGRESS, pkt, Some(&ctx));
+        assert_eq!(prio_of(&out), want, "{:x}", prio_of(&out));
+    }
+    // Total > internet > named: each packet takes its most specific limit's leaf, blocked
+    // traffic the total's (the host veth drops it). (What is not IP takes the total's bulk
+    // leaf too, but a test run cannot give the filter the classid it finds its pod by.)
+    f.set_limit(Egress, abi::KIND_TOTAL, Some(100 * SLOW));
+    f.set_limit(Egress, abi::KIND_NAMED, Some(SLOW / 2));
+    let cases = [
+        (&internal, pod_leaf(abi::KIND_TOTAL, abi::LEAF_SPARSE)),
+        (&blocked, pod_leaf(abi::KIND_TOTAL, abi::LEAF_SPARSE)),
+        (&named, pod_leaf(abi::KIND_NAMED, abi::LEAF_SPARSE)),
+    ];
+    for (pkt, want) in cases {
+        let (_, out) = f.run(programs::POD_EGRESS, pkt, Some(&ctx));
+        assert_eq!(prio_of(&out), want, "{:x}", prio_of(&out));
     }
     // It only selects; counting happens once, on the host side.
     assert_eq!(f.counters(), abi::PodCounters::default());
 }
 
 #[test]
-fn uplink_caps_only_pod_internet_traffic() {
+fn uplink_shapes_only_pod_internet_traffic_with_node_limits() {
     let mut f = Fixture::with_policy();
+    f.prefix(0, (ip("203.0.113.128"), 25), abi::CLASS_NAMED + 3);
     let ctx = prio_ctx(3);
     let pod_internet = Ip::new(POD_IP, ip("203.0.113.1")).build();
-    let cases = [
-        // No cap configured: the bulk leaf (there is no HTB then).
-        (pod_internet.clone(), abi::CLASSID_NODE_CAP + abi::LEAF_BULK),
+    let pod_named = Ip::new(POD_IP, ip("203.0.113.200")).build();
+    let others = [
         // Internal traffic of a pod and anything the node itself sends keep their priority.
-        (Ip::new(POD_IP, ip("10.1.1.1")).build(), 3),
-        (Ip::new(ip("10.20.0.6"), ip("203.0.113.1")).build(), 3),
-        (arp_request(), 3),
+        Ip::new(POD_IP, ip("10.1.1.1")).build(),
+        Ip::new(ip("10.20.0.6"), ip("203.0.113.1")).build(),
+        arp_request(),
     ];
-    for (pkt, want) in cases {
-        let (ret, out) = f.run(programs::UPLINK, &pkt, Some(&ctx));
+    // No node limits: nothing is touched.
+    for pkt in others.iter().chain([&pod_internet, &pod_named]) {
+        let (ret, out) = f.run(programs::UPLINK, pkt, Some(&ctx));
         assert_eq!(ret, TC_ACT_UNSPEC);
-        assert_eq!(prio_of(&out), want);
+        assert_eq!(prio_of(&out), 3);
     }
-    assert_eq!(f.node_counters().capped, c(1, pod_internet.len()));
+    assert_eq!(f.node_counters()[abi::DIR_EGRESS], c(0, 0));
+    // A node internet limit: the pod's internet traffic takes the group's shared bulk leaf
+    // until the pod has its own; named classes are internet too.
+    f.set_node_limit(Egress, abi::KIND_INTERNET, Some(SLOW));
+    let group = abi::node_group(abi::KIND_INTERNET);
+    let bulk_ctx = prio_ctx(3);
+    // Every packet to the bulk leaves (flow isolation is tested in queue_model.rs).
+    f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
+    let gso = prio_ctx(3);
+    for (pkt, want) in [
+        (&pod_internet, abi::classid(group + abi::GROUP_SHARED)),
+        (&pod_named, abi::classid(group + abi::GROUP_SHARED)),
+    ] {
+        let (ret, out) = f.run(programs::UPLINK, pkt, Some(&gso));
+        assert_eq!(ret, TC_ACT_UNSPEC);
+        assert_eq!(prio_of(&out), want, "{:x}", prio_of(&out));
+    }
+    for pkt in &others {
+        assert_eq!(prio_of(&f.run(programs::UPLINK, pkt, Some(&bulk_ctx)).1), 3);
+    }
+    // With its own leaf, and a named class's group nested in the internet's.
+    f.update_meta(|m| m.agg_leaves[1][abi::DIR_EGRESS] = 1 << abi::KIND_INTERNET);
+    f.set_node_limit(Egress, abi::KIND_NAMED + 3, Some(SLOW / 2));
+    let (_, out) = f.run(programs::UPLINK, &pod_internet, Some(&gso));
+    assert_eq!(
+        prio_of(&out),
+        abi::classid(abi::agg_leaf(abi::KIND_INTERNET, SLOT))
+    );
+    let (_, out) = f.run(programs::UPLINK, &pod_named, Some(&gso));
+    assert_eq!(
+        prio_of(&out),
+        abi::classid(abi::node_group(abi::KIND_NAMED + 3) + abi::GROUP_SHARED)
+    );
+    assert_eq!(f.node_counters()[abi::DIR_EGRESS].packets, 4);
 }

@@ -31,42 +31,43 @@ mod abi_header {
             ("AN_MAX_PREFIXES", MAX_PREFIXES.into()),
             ("AN_LPM_MAX_ENTRIES", LPM_MAX_ENTRIES.into()),
             ("AN_MAX_NAMESPACES", MAX_NAMESPACES.into()),
+            ("AN_MAX_ENTITIES", MAX_ENTITIES.into()),
+            ("AN_NODE_ENTITY", NODE_ENTITY.into()),
+            ("AN_MAX_NAMED", MAX_NAMED as u64),
             ("AN_CLASS_INTERNAL", CLASS_INTERNAL.into()),
             ("AN_CLASS_INTERNET", CLASS_INTERNET.into()),
             ("AN_CLASS_BLOCKED", CLASS_BLOCKED.into()),
             ("AN_CLASS_OTHER", CLASS_OTHER.into()),
-            ("AN_NR_CLASSES", NR_CLASSES as u64),
+            ("AN_CLASS_NAMED", CLASS_NAMED.into()),
+            ("AN_KIND_TOTAL", KIND_TOTAL as u64),
+            ("AN_KIND_INTERNET", KIND_INTERNET as u64),
+            ("AN_KIND_NAMED", KIND_NAMED as u64),
             ("AN_DIR_EGRESS", DIR_EGRESS as u64),
             ("AN_DIR_INGRESS", DIR_INGRESS as u64),
             ("AN_NR_DIRS", NR_DIRS as u64),
             ("AN_HTB_MAJOR", HTB_MAJOR.into()),
-            ("AN_CLASSID_POD_INTERNET", CLASSID_POD_INTERNET.into()),
-            ("AN_CLASSID_POD_OTHER", CLASSID_POD_OTHER.into()),
-            ("AN_CLASSID_NODE_CAP", CLASSID_NODE_CAP.into()),
-            ("AN_CLASSID_POD_INGRESS", CLASSID_POD_INGRESS.into()),
+            ("AN_CLASSID_DIRECT", CLASSID_DIRECT.into()),
             ("AN_LEAF_SPARSE", LEAF_SPARSE.into()),
             ("AN_LEAF_BULK", LEAF_BULK.into()),
+            ("AN_AGG_GROUP_MIN", AGG_GROUP_MIN.into()),
+            ("AN_AGG_GROUP_MAX", AGG_GROUP_MAX.into()),
+            ("AN_GROUP_SPARSE", GROUP_SPARSE.into()),
+            ("AN_GROUP_SHARED", GROUP_SHARED.into()),
             ("AN_POD_FILTER_CLASSID_BASE", POD_FILTER_CLASSID_BASE.into()),
+            ("AN_CB_NS_STAGE", CB_NS_STAGE.into()),
+            ("AN_DROP_ND", DROP_ND as u64),
+            ("AN_DROP_GATEWAY", DROP_GATEWAY as u64),
+            ("AN_NR_DROPS", NR_DROPS as u64),
+            ("AN_META_IN_USE", META_IN_USE.into()),
+            ("AN_META_NS_GATE", META_NS_GATE.into()),
+            ("AN_ENTITY_IN_USE", ENTITY_IN_USE.into()),
+            ("AN_VQ_POLICE", VQ_POLICE as u64),
             ("AN_FLOW_BUCKETS", FLOW_BUCKETS.into()),
-            ("AN_POD_INGRESS_LIMIT", POD_INGRESS_LIMIT.into()),
             ("AN_MAX_CONNS", MAX_CONNS.into()),
             ("AN_CONN_SYN_SENT", CONN_SYN_SENT.into()),
             ("AN_CONN_SYNACK_SENT", CONN_SYNACK_SENT.into()),
             ("AN_CONN_ESTABLISHED", CONN_ESTABLISHED.into()),
             ("AN_CONN_SYN_RCVD", CONN_SYN_RCVD.into()),
-            ("AN_META_IN_USE", META_IN_USE.into()),
-            (
-                "AN_META_INTERNET_FROM_POLICY",
-                META_INTERNET_FROM_POLICY.into(),
-            ),
-            ("AN_VQ_PER_POD", VQ_PER_POD.into()),
-            ("AN_VQ_INGRESS", VQ_INGRESS.into()),
-            ("AN_VQ_EGRESS", VQ_EGRESS.into()),
-            ("AN_VQ_INTERNET", VQ_INTERNET.into()),
-            ("AN_VQ_POLICE_EGRESS", VQ_POLICE_EGRESS.into()),
-            ("AN_VQ_POLICE_INTERNET", VQ_POLICE_INTERNET.into()),
-            ("AN_VQ_NODE_CAP", VQ_NODE_CAP.into()),
-            ("AN_VQ_ENTRIES", VQ_ENTRIES.into()),
         ];
         for (name, rust) in pairs {
             assert_eq!(
@@ -75,15 +76,47 @@ mod abi_header {
                 "{name} differs between aliasnet_abi.h and abi.rs"
             );
         }
-        // Every constant of the header is mirrored; AN_FLOW_ENTRIES is an expression, checked
-        // through the an_flows map definition in tests/btf_abi.rs.
-        let defined = ABI_HEADER
+        // Values the header derives are pinned there with a _Static_assert of their number.
+        let derived: &[(&str, u64)] = &[
+            ("AN_NR_CLASSES == ", NR_CLASSES as u64),
+            ("AN_NR_KINDS == ", NR_KINDS as u64),
+            ("AN_VQ_AGG_BASE == ", VQ_AGG_BASE.into()),
+            ("AN_VQ_ENTRIES == ", VQ_ENTRIES.into()),
+            ("AN_FLOW_TABLES == ", FLOW_TABLES.into()),
+            ("AN_FLOW_ENTRIES == ", FLOW_ENTRIES.into()),
+        ];
+        for (lhs, rust) in derived {
+            let needle = format!("{lhs}{rust}");
+            assert!(
+                ABI_HEADER.contains(&needle),
+                "missing or different: {needle}"
+            );
+        }
+        // Every constant of the header is mirrored, literally or as derived above; the
+        // function-like ones (the HTB class and an_vqueue/an_flows index layouts) are the
+        // Rust functions of the same name, which the BPF_PROG_TEST_RUN tests check against
+        // what the programs do.
+        const FUNCTIONS: [&str; 7] = [
+            "POD_CLASS(",
+            "AGG_LEAF(",
+            "NODE_GROUP(",
+            "VQ_POD(",
+            "VQ_AGG(",
+            "FLOWS_POD(",
+            "FLOWS_AGG(",
+        ];
+        let literal = ABI_HEADER
             .lines()
             .filter_map(|l| l.strip_prefix("#define AN_"))
-            .filter(|l| !l.starts_with("FLOW_ENTRIES "))
+            .filter(|l| !FUNCTIONS.iter().any(|f| l.starts_with(f)))
+            .filter(|l| {
+                !l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|v| v.starts_with('('))
+            })
             .count();
         assert_eq!(
-            defined,
+            literal,
             pairs.len(),
             "a define of aliasnet_abi.h is not mirrored"
         );
@@ -108,10 +141,13 @@ mod abi_header {
             ("an_counter", core::mem::size_of::<Counter>()),
             ("an_pod_counters", core::mem::size_of::<PodCounters>()),
             ("an_node_counters", core::mem::size_of::<NodeCounters>()),
+            ("an_rates", core::mem::size_of::<Rates>()),
             ("an_pod_meta", core::mem::size_of::<PodMeta>()),
             ("an_pod_key", core::mem::size_of::<PodKey>()),
+            ("an_entity", core::mem::size_of::<Entity>()),
             ("an_ns_key", core::mem::size_of::<NsKey>()),
-            ("an_ns_rate", core::mem::size_of::<NsRate>()),
+            ("an_ns_policy", core::mem::size_of::<NsPolicy>()),
+            ("an_class_name", core::mem::size_of::<ClassName>()),
             ("an_vqueue", core::mem::size_of::<VQueue>()),
             ("an_flow", core::mem::size_of::<Flow>()),
             ("an_conn_key", core::mem::size_of::<ConnKey>()),

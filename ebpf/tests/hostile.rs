@@ -44,7 +44,7 @@ fn limited_fixture(rate: u64, frame: u32) -> Fixture {
         TEST_IFINDEX,
         abi::Pod {
             slot: SLOT,
-            flags: abi::POD_INGRESS_LIMIT,
+            flags: 0,
             ipv4: POD_IP.octets(),
             ..Default::default()
         },
@@ -53,7 +53,7 @@ fn limited_fixture(rate: u64, frame: u32) -> Fixture {
     .expect("register pod");
     f.update_meta(|m| {
         m.flags = abi::META_IN_USE;
-        m.ingress_rate = rate;
+        set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, rate);
         m.frame = frame;
     });
     f
@@ -244,15 +244,6 @@ fn vlan_tagged_frames_from_the_pod_are_dropped() {
 
 // ---- malformed TCP ----------------------------------------------------------------------
 
-/// Runs `pkt` through every program; each passes it untouched.
-fn passes_untouched(f: &Fixture, pkt: &[u8], what: &str) {
-    for prog in programs::ALL {
-        let (ret, out) = f.run_data(prog, pkt, None);
-        assert_eq!(ret, TC_ACT_UNSPEC, "{prog}: {what}");
-        assert_eq!(out, pkt, "{prog} rewrote {what}");
-    }
-}
-
 #[test]
 fn well_formed_syns_are_clamped_with_a_valid_checksum_also_after_ipv4_options() {
     let f = limited_fixture(10_000_000, 9014);
@@ -380,7 +371,7 @@ fn malformed_tcp_headers_are_never_rewritten() {
         ),
     ];
     for (what, seg) in cases {
-        passes_untouched(&f, &tcp_packet(seg, &[], (false, 0)), what);
+        f.passes_untouched(&tcp_packet(seg, &[], (false, 0)), what);
     }
     // An IPv4 header longer than the packet: the TCP header is not there to parse.
     let mut pkt = tcp_packet(
@@ -389,7 +380,7 @@ fn malformed_tcp_headers_are_never_rewritten() {
         (false, 0),
     );
     pkt[ETH_HLEN] = 0x4f;
-    passes_untouched(&f, &pkt, "an IPv4 header beyond the packet");
+    f.passes_untouched(&pkt, "an IPv4 header beyond the packet");
 }
 
 #[test]
@@ -399,8 +390,7 @@ fn fragments_are_never_parsed_as_tcp() {
     // A first fragment (SYNs are never fragmented, and a first fragment's ports are not
     // read), and later fragments whose payload looks like a SYN with an MSS option.
     for frag in [(true, 0), (true, 185), (false, 185)] {
-        passes_untouched(
-            &f,
+        f.passes_untouched(
             &tcp_packet(syn.clone(), &[], frag),
             &format!("fragment {frag:?}"),
         );
@@ -440,8 +430,8 @@ fn extreme_rates_and_bursts_give_the_queue_model_the_right_credit() {
         let shape = Shape::new(rate, Some(burst_bits), 1514);
         f.update_meta(|m| {
             m.flags = abi::META_IN_USE;
-            m.ingress_rate = rate;
-            m.ingress_burst = shape.burst_bytes;
+            set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, rate);
+            m.burst[abi::DIR_INGRESS] = shape.burst_bytes;
             m.frame = 1514;
         });
         let pkt = Ip::new(INTERNET, POD_IP).build();
@@ -450,7 +440,7 @@ fn extreme_rates_and_bursts_give_the_queue_model_the_right_credit() {
         let after = monotonic_ns();
         let vq: Array<_, abi::VQueue> = f.map(maps::VQUEUE);
         let t_empty = vq
-            .get(&abi::vq_index(SLOT, abi::VQ_INGRESS), 0)
+            .get(&abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL), 0)
             .expect("vqueue")
             .t_empty;
         // An idle class: the packet starts a full credit back, t_empty = now - credit + tx.

@@ -61,7 +61,7 @@ fn burst(f: &Fixture, pkt: &[u8], n: u64) -> u64 {
 
 #[test]
 fn a_burst_above_the_egress_limit_is_policed_on_the_host_veth() {
-    let mut f = limited(|m| m.egress_rate = SLOW);
+    let mut f = limited(|m| set_rate(m, abi::Direction::Egress, abi::KIND_TOTAL, SLOW));
     let pkt = frame(INTERNET);
     let want = admitted_at_once(SLOW);
     // 1 Mbit/s: 48 ms of burst (4 frames), a frame and 100 ms of slack at 1.1 Mbit/s.
@@ -92,7 +92,7 @@ fn a_burst_above_the_egress_limit_is_policed_on_the_host_veth() {
 
 #[test]
 fn the_internet_limit_polices_only_internet_traffic() {
-    let mut f = limited(|m| m.internet_egress_rate = SLOW);
+    let mut f = limited(|m| set_rate(m, abi::Direction::Egress, abi::KIND_INTERNET, SLOW));
     // Unlimited inside the cluster.
     assert_eq!(burst(&f, &frame(INTERNAL), 100), 100);
     assert_eq!(f.counters().policed, abi::Counter::default());
@@ -111,8 +111,8 @@ fn the_internet_limit_polices_only_internet_traffic() {
 fn traffic_within_the_limit_is_never_policed() {
     let rate = 2 * SLOW;
     let mut f = limited(|m| {
-        m.egress_rate = rate;
-        m.internet_egress_rate = SLOW;
+        set_rate(m, abi::Direction::Egress, abi::KIND_TOTAL, rate);
+        set_rate(m, abi::Direction::Egress, abi::KIND_INTERNET, SLOW);
     });
     let burst_frames = Shape::new(SLOW, None, tuning::MIN_FRAME).burst_bytes / 1514;
     for dst in [INTERNET, INTERNAL] {
@@ -142,7 +142,7 @@ fn traffic_within_the_limit_is_never_policed() {
 /// A pod with no egress limit, or whose slot has none yet, is never policed.
 #[test]
 fn unlimited_pods_are_never_policed() {
-    let mut f = limited(|m| m.ingress_rate = SLOW);
+    let mut f = limited(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     assert_eq!(burst(&f, &frame(INTERNET), 200), 200);
     assert_eq!(f.counters().policed, abi::Counter::default());
 }

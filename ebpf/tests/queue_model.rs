@@ -53,7 +53,7 @@ fn burst(f: &Fixture, prog: &str, pkt: &[u8], n: usize) -> Vec<u8> {
 #[test]
 fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = SLOW);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     let from_internet = ip("203.0.113.9");
     let ect = frame(from_internet, POD_IP, ECT0);
 
@@ -96,7 +96,7 @@ fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
     );
     assert_eq!(got, [CE]);
 
-    let vq = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let vq = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
     assert_eq!(vq.ce_marked, marked + 1);
     // Marking does not change what is counted.
     assert_eq!(
@@ -120,7 +120,7 @@ fn the_queue_model_counts_in_the_devices_frames() {
     // (BPF_PROG_TEST_RUN takes at most a page per packet: a 3000-byte MTU stands for 9000.)
     let mut f = Fixture::with_policy();
     f.update_meta(|m| {
-        m.ingress_rate = SLOW;
+        set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW);
         m.frame = 3014;
     });
     let jumbo = Ip {
@@ -140,8 +140,8 @@ fn the_queue_model_counts_in_the_devices_frames() {
 #[test]
 fn a_gso_packet_is_queued_as_all_its_segments() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = SLOW);
-    let idx = abi::vq_index(SLOT, abi::VQ_INGRESS);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
+    let idx = abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL);
     // A first frame puts the model in its steady state (the queue is not idle any more).
     burst(
         &f,
@@ -170,10 +170,10 @@ fn no_marking_without_a_limit_or_with_ecn_off() {
     assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
     // A limit, but marking switched off in an_config.flags: the model still runs (flow
     // isolation needs it) but signals nothing.
-    f.update_meta(|m| m.ingress_rate = SLOW);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     f.update_config(|c| c.flags |= abi::CFG_AQM_OFF);
     assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
-    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let q = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
     assert!(q.t_empty > 0);
     assert_eq!((q.ce_marked, q.dropped), (0, 0));
     // Switched back on, the same traffic is marked.
@@ -184,7 +184,7 @@ fn no_marking_without_a_limit_or_with_ecn_off() {
 #[test]
 fn pod_egress_marks_against_its_internet_and_total_limits() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.internet_egress_rate = SLOW);
+    f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_INTERNET, SLOW));
     let internet = frame(POD_IP, ip("203.0.113.9"), ECT0);
     let internal = frame(POD_IP, ip("10.1.2.3"), ECT0);
     // Internal traffic is not limited (no total egress limit): never marked.
@@ -196,11 +196,12 @@ fn pod_egress_marks_against_its_internet_and_total_limits() {
     assert_eq!(got[7], CE, "{got:?}");
     let internet_marks = got.iter().filter(|&&e| e == CE).count() as u64;
     assert_eq!(
-        f.vqueue(abi::vq_index(SLOT, abi::VQ_INTERNET)).ce_marked,
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_EGRESS, abi::KIND_INTERNET))
+            .ce_marked,
         internet_marks
     );
     assert_eq!(
-        f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)),
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_EGRESS, abi::KIND_TOTAL)),
         abi::VQueue::default()
     );
 
@@ -220,25 +221,33 @@ fn pod_egress_marks_against_its_internet_and_total_limits() {
     for pkt in [&ping, &ack, &udp, &tcp_data] {
         assert_eq!(f.run_data(programs::POD_EGRESS, pkt, None).0, TC_ACT_UNSPEC);
     }
-    assert_eq!(f.vqueue(abi::vq_index(SLOT, abi::VQ_INTERNET)).dropped, 0);
+    assert_eq!(
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_EGRESS, abi::KIND_INTERNET))
+            .dropped,
+        0
+    );
 
     // A total egress limit queues internal traffic as well.
-    f.update_meta(|m| m.egress_rate = SLOW);
+    f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_TOTAL, SLOW));
     let got = burst(&f, programs::POD_EGRESS, &internal, 8);
     assert_eq!(got[7], CE, "{got:?}");
-    assert!(f.vqueue(abi::vq_index(SLOT, abi::VQ_EGRESS)).ce_marked >= 1);
+    assert!(
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_EGRESS, abi::KIND_TOTAL))
+            .ce_marked
+            >= 1
+    );
     // Marking never changes the class the packet is shaped in (the flow is backlogged: bulk).
     let (_, ctx_out) = f.run(programs::POD_EGRESS, &internet, Some(&prio_ctx(6)));
     assert_eq!(
         prio_of(&ctx_out),
-        abi::CLASSID_POD_INTERNET + abi::LEAF_BULK
+        pod_leaf(abi::KIND_INTERNET, abi::LEAF_BULK)
     );
 }
 
 #[test]
 fn uplink_marks_above_the_node_cap() {
     let mut f = Fixture::with_policy();
-    f.update_config(|c| c.node_internet_cap = SLOW);
+    f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, Some(SLOW));
     let got = burst(
         &f,
         programs::UPLINK,
@@ -250,24 +259,32 @@ fn uplink_marks_above_the_node_cap() {
     // Traffic that is not the pods' internet traffic is not in the cap class.
     let other = frame(ip("10.20.0.6"), ip("203.0.113.9"), ECT0);
     assert_eq!(burst(&f, programs::UPLINK, &other, 10), [ECT0; 10]);
-    assert!(f.vqueue(abi::VQ_NODE_CAP).ce_marked >= 1);
+    assert!(
+        f.vqueue(abi::vq_agg(
+            abi::NODE_ENTITY,
+            abi::DIR_EGRESS,
+            abi::KIND_INTERNET
+        ))
+        .ce_marked
+            >= 1
+    );
 }
 
 // ---- flow isolation: sparse and bulk leaves of a shaped class ----------------------------
 
-const INGRESS_SPARSE: u32 = abi::CLASSID_POD_INGRESS + abi::LEAF_SPARSE;
-const INGRESS_BULK: u32 = abi::CLASSID_POD_INGRESS + abi::LEAF_BULK;
+const INGRESS_SPARSE: u32 = pod_leaf(abi::KIND_TOTAL, abi::LEAF_SPARSE);
+const INGRESS_BULK: u32 = pod_leaf(abi::KIND_TOTAL, abi::LEAF_BULK);
 
-/// The flow buckets of one shaped class.
-fn flows_of(f: &mut Fixture, vq_idx: u32) -> Vec<(u32, abi::Flow)> {
+/// The flow buckets of one flow table.
+fn flows_of(f: &mut Fixture, table: u32) -> Vec<(u32, abi::Flow)> {
     let m: Array<_, abi::Flow> = f.map(maps::FLOWS);
-    (vq_idx * abi::FLOW_BUCKETS..(vq_idx + 1) * abi::FLOW_BUCKETS)
+    (table * abi::FLOW_BUCKETS..(table + 1) * abi::FLOW_BUCKETS)
         .map(|k| (k, m.get(&k, 0).expect("flow bucket")))
         .collect()
 }
 
-fn set_flows(f: &mut Fixture, vq_idx: u32, edit: impl Fn(&mut abi::Flow)) {
-    let flows = flows_of(f, vq_idx);
+fn set_flows(f: &mut Fixture, table: u32, edit: impl Fn(&mut abi::Flow)) {
+    let flows = flows_of(f, table);
     let mut m: Array<_, abi::Flow> = f.map(maps::FLOWS);
     for (k, mut v) in flows {
         edit(&mut v);
@@ -278,8 +295,9 @@ fn set_flows(f: &mut Fixture, vq_idx: u32, edit: impl Fn(&mut abi::Flow)) {
 #[test]
 fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = SLOW);
-    let idx = abi::vq_index(SLOT, abi::VQ_INGRESS);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
+    let idx = abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL);
+    let table = abi::flows_pod(SLOT, abi::DIR_INGRESS);
     let bulk = frame(ip("203.0.113.9"), POD_IP, NOT_ECT);
     let ping = Ip::new(ip("203.0.113.10"), POD_IP).build();
     let leaf = |f: &Fixture, pkt: &[u8]| {
@@ -312,30 +330,30 @@ fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
 
     // Refill every bucket's budget, but keep the bulk flow's queued packets: it stays in
     // the bulk leaf, since a sparse packet would overtake them (reordering).
-    set_flows(&mut f, idx, |v| v.t_sparse = 0);
+    set_flows(&mut f, table, |v| v.t_sparse = 0);
     assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
     // Once its packets have left the bulk leaf (the model says when), it may be sparse again.
-    set_flows(&mut f, idx, |v| {
+    set_flows(&mut f, table, |v| {
         v.t_sparse = 0;
         v.t_bulk = 0;
     });
     assert_eq!(leaf(&f, &bulk), INGRESS_SPARSE);
 
     // A GSO skb larger than the budget (3 segments of 1066 bytes on the wire) is bulk.
-    set_flows(&mut f, idx, |v| *v = abi::Flow::default());
+    set_flows(&mut f, table, |v| *v = abi::Flow::default());
     let gso = tcp(ip("203.0.113.9"), POD_IP, 3000).build();
     let (_, out) = f.run(programs::HOST_EGRESS, &gso, Some(&gso_ctx(3, 1000)));
     assert_eq!(prio_of(&out), INGRESS_BULK);
 
     // Flow isolation switched off: everything goes to the bulk leaf.
     f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
-    set_flows(&mut f, idx, |v| *v = abi::Flow::default());
+    set_flows(&mut f, table, |v| *v = abi::Flow::default());
     assert_eq!(leaf(&f, &ping), INGRESS_BULK);
     assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
-    // Without an ingress limit the program leaves the priority alone (no HTB to pick in).
+    // Without an ingress limit the packet takes HTB's direct queue.
     f.update_config(|c| c.flags &= !abi::CFG_FLOWS_OFF);
-    f.update_meta(|m| m.ingress_rate = 0);
-    assert_eq!(leaf(&f, &ping), 0);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, 0));
+    assert_eq!(leaf(&f, &ping), abi::CLASSID_DIRECT);
 }
 
 #[test]
@@ -345,16 +363,16 @@ fn every_shaping_point_picks_a_leaf_of_its_class() {
     let internet_ping = Ip::new(POD_IP, ip("203.0.113.1")).build();
     let internal_ping = Ip::new(POD_IP, ip("10.1.1.1")).build();
 
-    // Pod eth0, internet limit only: internet pings are sparse in 1:10; internal traffic
-    // names 1:20's bulk leaf, which does not exist, so HTB sends it unshaped.
-    f.update_meta(|m| m.internet_egress_rate = SLOW);
+    // Pod eth0, internet limit only: internet pings are sparse in its class; internal traffic
+    // takes HTB's direct queue, unshaped.
+    f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_INTERNET, SLOW));
     assert_eq!(
         prio(&f, programs::POD_EGRESS, &internet_ping),
-        abi::CLASSID_POD_INTERNET + abi::LEAF_SPARSE
+        pod_leaf(abi::KIND_INTERNET, abi::LEAF_SPARSE)
     );
     assert_eq!(
         prio(&f, programs::POD_EGRESS, &internal_ping),
-        abi::CLASSID_POD_OTHER + abi::LEAF_BULK
+        abi::CLASSID_DIRECT
     );
     // A burst of one internet flow moves to the bulk leaf.
     let data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
@@ -363,22 +381,26 @@ fn every_shaping_point_picks_a_leaf_of_its_class() {
         .collect();
     assert_eq!(
         got[3],
-        abi::CLASSID_POD_INTERNET + abi::LEAF_BULK,
+        pod_leaf(abi::KIND_INTERNET, abi::LEAF_BULK),
         "{got:x?}"
     );
-    // With a total egress limit, internal traffic is shaped in 1:20 and isolated too.
-    f.update_meta(|m| m.egress_rate = SLOW);
+    // With a total egress limit, internal traffic is shaped under it and isolated too.
+    f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_TOTAL, SLOW));
     assert_eq!(
         prio(&f, programs::POD_EGRESS, &internal_ping),
-        abi::CLASSID_POD_OTHER + abi::LEAF_SPARSE
+        pod_leaf(abi::KIND_TOTAL, abi::LEAF_SPARSE)
     );
 
-    // The uplink's node cap class.
-    f.update_config(|c| c.node_internet_cap = SLOW);
+    // The uplink's node internet limit.
+    f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, Some(SLOW));
     assert_eq!(
         prio(&f, programs::UPLINK, &internet_ping),
-        abi::CLASSID_NODE_CAP + abi::LEAF_SPARSE
+        abi::classid(abi::node_group(abi::KIND_INTERNET) + abi::GROUP_SPARSE)
     );
     let got: Vec<u32> = (0..4).map(|_| prio(&f, programs::UPLINK, &data)).collect();
-    assert_eq!(got[3], abi::CLASSID_NODE_CAP + abi::LEAF_BULK, "{got:x?}");
+    assert_eq!(
+        got[3],
+        abi::classid(abi::node_group(abi::KIND_INTERNET) + abi::GROUP_SHARED),
+        "{got:x?}"
+    );
 }

@@ -48,7 +48,7 @@ fn ecn_of(pkt: &[u8], sent: &[u8]) -> u8 {
 #[test]
 fn ingress_limit_ce_marks_ipv6_ect_packets_above_the_modelled_queue() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = SLOW);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     let ect = frame(ip6("2001:db8::10"), POD_IP6, ECT0);
     // As for IPv4: the class's burst (4 frames) and two frames of queue pass unmarked,
     // then every frame is marked.
@@ -67,7 +67,8 @@ fn ingress_limit_ce_marks_ipv6_ect_packets_above_the_modelled_queue() {
     );
     let marked = got.iter().filter(|&&e| e == CE).count() as u64;
     assert_eq!(
-        f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS)).ce_marked,
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL))
+            .ce_marked,
         marked
     );
     assert_eq!(
@@ -79,7 +80,7 @@ fn ingress_limit_ce_marks_ipv6_ect_packets_above_the_modelled_queue() {
 #[test]
 fn gso_skbs_charge_their_ipv6_headers_per_segment() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = SLOW);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     // 3 segments of 1000 bytes behind 14 + 40 + 8 (hop-by-hop) + 32 header bytes each.
     let pkt = Ip6 {
         ext: vec![ext_opts(NEXTHDR_HOP, 1)],
@@ -87,7 +88,11 @@ fn gso_skbs_charge_their_ipv6_headers_per_segment() {
     }
     .build();
     let wire = 3 * (14 + 40 + 8 + 32 + 1000);
-    assert_eq!(f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS)).t_empty, 0);
+    assert_eq!(
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL))
+            .t_empty,
+        0
+    );
     let start = monotonic_ns();
     assert_eq!(
         f.run(programs::HOST_EGRESS, &pkt, Some(&gso_ctx(3, 1000)))
@@ -99,7 +104,9 @@ fn gso_skbs_charge_their_ipv6_headers_per_segment() {
     // The model drains what HTB will charge, every segment with its headers: after an idle
     // class it starts `credit` (the class's burst, 4 frames) before now and adds the three
     // segments at the class's rate (8 us a byte at 1 Mbit/s).
-    let t = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS)).t_empty;
+    let t = f
+        .vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL))
+        .t_empty;
     let ns_per_byte = 8 * 1_000_000_000 / SLOW;
     let credit = abi::DEFAULT_BURST_FRAMES * abi::MIN_FRAME * ns_per_byte;
     let at = t + credit - wire as u64 * ns_per_byte;
@@ -142,9 +149,9 @@ fn flow_bucket6(src: Ipv6Addr, dst: Ipv6Addr, ports: [u8; 4], proto: u8) -> u32 
 #[test]
 fn ipv6_flows_are_isolated_by_their_five_tuple() {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = SLOW);
-    let sparse = abi::CLASSID_POD_INGRESS + abi::LEAF_SPARSE;
-    let bulk_leaf = abi::CLASSID_POD_INGRESS + abi::LEAF_BULK;
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
+    let sparse = pod_leaf(abi::KIND_TOTAL, abi::LEAF_SPARSE);
+    let bulk_leaf = pod_leaf(abi::KIND_TOTAL, abi::LEAF_BULK);
     let remote = ip6("2001:db8::10");
     let bulk = frame(remote, POD_IP6, 0);
     // A ping from a remote whose flow lands in another bucket than the download's.

@@ -79,21 +79,6 @@ fn window_of(pkt: &[u8]) -> u16 {
     u16::from_be_bytes([seg[14], seg[15]])
 }
 
-fn set_pod_flags(f: &mut Fixture, flags: u32) {
-    let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
-    pods.insert(
-        TEST_IFINDEX,
-        abi::Pod {
-            slot: SLOT,
-            flags,
-            ipv4: POD_IP.octets(),
-            ..Default::default()
-        },
-        0,
-    )
-    .expect("register pod");
-}
-
 fn conn(f: &mut Fixture) -> Option<abi::Conn> {
     let m: HashMap<_, abi::ConnKey, abi::Conn> = f.map(maps::CONNS);
     m.get(
@@ -151,11 +136,10 @@ fn pod_connects(f: &Fixture, pod_ws: Option<u8>, remote_ws: Option<u8>) {
     host_out(f, &tcp_seg(false, SYN | ACK, 65160, remote_ws));
 }
 
-/// The fixture with the pod's ingress limit at `rate`, flagged as attach flags it.
+/// The fixture with the pod's ingress limit at `rate`.
 fn clamping_fixture(rate: u64) -> Fixture {
     let mut f = Fixture::with_policy();
-    f.update_meta(|m| m.ingress_rate = rate);
-    set_pod_flags(&mut f, abi::POD_INGRESS_LIMIT);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, rate));
     f
 }
 
@@ -235,10 +219,8 @@ fn the_node_cap_clamps_the_remote_windows_of_the_pods_internet_connections() {
     // No ingress limit: only the node's internet cap, whose senders are the pods.
     let rate = 10_000_000;
     let mut f = Fixture::with_policy();
-    f.update_config(|c| {
-        c.node_internet_cap = rate;
-        c.uplink_frame = 1514;
-    });
+    f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, Some(rate));
+    f.update_config(|c| c.uplink_frame = 1514);
     // The pod connects (scale 7); the server answers with scale 9.
     pod_connects(&f, Some(7), Some(9));
     let c = conn(&mut f).expect("learnt for the node cap");
@@ -273,7 +255,7 @@ fn the_node_cap_clamps_the_remote_windows_of_the_pods_internet_connections() {
     );
 
     // Without a cap nothing is clamped.
-    f.update_config(|c| c.node_internet_cap = 0);
+    f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, None);
     assert_eq!(to_pod(&f, 65535), 65535);
 }
 
@@ -300,10 +282,10 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
     assert_eq!(window_of(&out), clamped_with(10_000_000, &c, 1, 1514));
     // From ~72 Mbit/s a jumbo segment takes under 1 ms: the pod's MSS passes as it is. A
     // smaller MSS is never raised.
-    f.update_meta(|m| m.ingress_rate = 100_000_000);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, 100_000_000));
     let out = host_in(&f, &tcp_seg_mss(true, SYN, 64240, Some(7), 8960));
     assert_eq!(mss_of(&out), 8960);
-    f.update_meta(|m| m.ingress_rate = 10_000_000);
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, 10_000_000));
     let out = host_in(&f, &tcp_seg_mss(true, SYN, 64240, Some(7), 1200));
     assert_eq!(mss_of(&out), 1200);
 
@@ -311,7 +293,7 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
     // own TCP sends into its egress class; no connection is tracked for it.
     let mut f = Fixture::with_policy();
     f.update_meta(|m| {
-        m.egress_rate = 10_000_000;
+        set_rate(m, abi::Direction::Egress, abi::KIND_TOTAL, 10_000_000);
         m.frame = 9014;
     });
     assert_eq!(remote_mss_after_handshake(&f, 8960), 1460);
@@ -319,10 +301,8 @@ fn slow_classes_on_jumbo_frame_devices_ask_for_smaller_segments() {
 
     // The node cap: the remote's MSS in its SYN-ACK to a pod bounds what the pod sends.
     let mut f = Fixture::with_policy();
-    f.update_config(|c| {
-        c.node_internet_cap = 10_000_000;
-        c.uplink_frame = 9014;
-    });
+    f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, Some(10_000_000));
+    f.update_config(|c| c.uplink_frame = 9014);
     assert_eq!(remote_mss_after_handshake(&f, 8960), 1460);
 }
 
@@ -335,15 +315,23 @@ fn remote_mss_after_handshake(f: &Fixture, mss: u16) -> u16 {
 }
 
 #[test]
-fn pods_without_an_ingress_limit_keep_their_windows() {
+fn connections_no_limit_applies_to_keep_their_windows() {
+    // Limits on traffic to the pod, but none that this connection's traffic meets: a named
+    // class's (another destination) and an egress one. The connection is not even learnt.
     let mut f = Fixture::with_policy();
-    // A limit in the record but not the pod's flag (what attach sets from that limit): the
-    // connection is not even learnt.
-    f.update_meta(|m| m.ingress_rate = 10_000_000);
+    f.prefix(0, (ip("198.51.100.0"), 24), abi::CLASS_NAMED);
+    f.update_meta(|m| {
+        set_rate(m, abi::Direction::Ingress, abi::KIND_NAMED, 10_000_000);
+        set_rate(m, abi::Direction::Egress, abi::KIND_NAMED, 10_000_000);
+    });
     pod_connects(&f, Some(7), Some(7));
     assert!(conn(&mut f).is_none());
     let out = host_in(&f, &tcp_seg(true, ACK, 65535, None));
     assert_eq!(window_of(&out), 65535);
+    // The internet's download limit covers it.
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_INTERNET, 10_000_000));
+    pod_connects(&f, Some(7), Some(7));
+    assert!(conn(&mut f).is_some());
 }
 
 /// `abi::flow_bucket` is the programs' hash: each flow's bulk packets set the bit it predicts
@@ -376,7 +364,7 @@ fn flow_buckets_are_the_ones_user_space_computes() {
         for _ in 0..4 {
             host_out(&f, pkt);
         }
-        let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+        let q = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
         assert_ne!(
             q.flows_cur & (1 << bucket),
             0,
@@ -384,7 +372,7 @@ fn flow_buckets_are_the_ones_user_space_computes() {
         );
         expected |= 1 << bucket;
     }
-    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let q = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
     assert_eq!(q.flows_cur, expected, "{q:?}");
 }
 
@@ -399,7 +387,7 @@ fn the_window_clamp_is_shared_by_the_flows_queued_in_the_class() {
     data.payload[0..2].copy_from_slice(&REMOTE_PORT.to_be_bytes());
     data.payload[2..4].copy_from_slice(&POD_PORT.to_be_bytes());
     host_out(&f, &data.build());
-    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let q = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
     assert_eq!(q.flows_cur.count_ones(), 1, "{q:?}");
     let ack = tcp_seg(true, ACK, 65535, None);
     let out = host_in(&f, &ack);
@@ -414,7 +402,7 @@ fn the_window_clamp_is_shared_by_the_flows_queued_in_the_class() {
             host_out(&f, &pkt);
         }
     }
-    let q = f.vqueue(abi::vq_index(SLOT, abi::VQ_INGRESS));
+    let q = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
     let flows = u64::from((q.flows_cur | q.flows_prev).count_ones());
     // Four flows in 64 buckets; these four hash apart.
     assert_eq!(flows, 4, "{q:?}");

@@ -105,7 +105,7 @@ fn host_out(f: &Fixture, pkt: &[u8]) -> Vec<u8> {
 fn clamping_fixture(rate: u64, frame: u32) -> Fixture {
     let mut f = Fixture::with_policy();
     f.update_meta(|m| {
-        m.ingress_rate = rate;
+        set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, rate);
         m.frame = frame;
     });
     let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
@@ -113,7 +113,7 @@ fn clamping_fixture(rate: u64, frame: u32) -> Fixture {
         TEST_IFINDEX,
         abi::Pod {
             slot: SLOT,
-            flags: abi::POD_INGRESS_LIMIT,
+            flags: 0,
             ipv4: POD_IP.octets(),
             ipv6: POD_IP6.octets(),
             ..Default::default()

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use aliasnet_ebpf::{
     abi,
     limits::{self, CniBandwidth, Limits},
+    Dest, LevelLimits, NamespaceLimits, INTERNET,
 };
 use aliasnet_fuzz::{config, corpus, mutated, nested, text};
 use aliasnet_shaper::{policy::CLOUD_METADATA, Policy};
@@ -25,6 +26,20 @@ const TARGET: &str = "shaper_policy";
 fn quoted(s: &str) -> String {
     serde_json::to_string(s).expect("a string prints")
 }
+
+/// The keys of one class's limits at each level, as `(level, direction, key)`.
+const KEYS: [(&str, abi::Direction, &str); 6] = [
+    ("pod", abi::Direction::Ingress, "pod_ingress_rate"),
+    ("pod", abi::Direction::Egress, "pod_egress_rate"),
+    (
+        "namespace",
+        abi::Direction::Ingress,
+        "namespace_ingress_rate",
+    ),
+    ("namespace", abi::Direction::Egress, "namespace_egress_rate"),
+    ("node", abi::Direction::Ingress, "node_ingress_rate"),
+    ("node", abi::Direction::Egress, "node_egress_rate"),
+];
 
 /// The policy as a file that must parse back to it.
 fn print(p: &Policy) -> String {
@@ -41,21 +56,55 @@ fn print(p: &Policy) -> String {
         list(&p.blocked_cidrs),
         p.block_cloud_metadata
     );
-    if let Some(r) = d.pod_internet_egress_rate {
-        s += &format!("pod_internet_egress_rate = {r}\n");
-    }
-    if let Some(r) = d.node_internet_egress_cap {
-        s += &format!("node_internet_egress_cap = {r}\n");
-    }
     if let Some(u) = &d.uplink {
         s += &format!("uplink = {}\n", quoted(u));
     }
-    for (name, rate) in &d.namespaces {
-        let r = rate.map_or_else(|| quoted("unlimited"), |r| r.to_string());
+    let level = |ns: &NamespaceLimits, node: Option<&LevelLimits>, class: &str| {
+        let mut t = String::new();
+        for (lv, dir, key) in KEYS {
+            let v = match lv {
+                "pod" => ns.pod.get(dir, class),
+                "namespace" => ns.namespace.get(dir, class),
+                _ => match node {
+                    Some(n) => n.get(dir, class),
+                    None => continue,
+                },
+            };
+            match (v, node.is_some()) {
+                (Some(r), _) => t += &format!("{key} = {r}\n"),
+                // An override lifts a default with "unlimited".
+                (None, false) => t += &format!("{key} = \"unlimited\"\n"),
+                (None, true) => {}
+            }
+        }
+        t
+    };
+    s += &format!(
+        "[internet]\n{}",
+        level(&d.defaults, Some(&d.node), INTERNET)
+    );
+    for (name, cidrs) in &p.classes {
         s += &format!(
-            "[namespaces.{}]\ninternet_egress_rate = {r}\n",
-            quoted(name)
+            "[classes.{}]\ncidrs = [{}]\n{}",
+            quoted(name),
+            list(cidrs),
+            level(&d.defaults, Some(&d.node), name)
         );
+    }
+    for (ns, limits) in &d.namespaces {
+        s += &format!(
+            "[namespaces.{}.internet]\n{}",
+            quoted(ns),
+            level(limits, None, INTERNET)
+        );
+        for name in p.classes.keys() {
+            s += &format!(
+                "[namespaces.{}.classes.{}]\n{}",
+                quoted(ns),
+                quoted(name),
+                level(limits, None, name)
+            );
+        }
     }
     s
 }
@@ -64,40 +113,55 @@ fn check_policy(text: &str) {
     let Ok(p) = Policy::parse(text) else {
         return;
     };
-    for c in p.internal_cidrs.iter().chain(&p.blocked_cidrs) {
+    for c in p
+        .internal_cidrs
+        .iter()
+        .chain(&p.blocked_cidrs)
+        .chain(p.classes.values().flatten())
+    {
         assert_eq!(c.network(), c.addr(), "host bits in {c}");
     }
     let d = &p.datapath;
     assert!(d.prefixes.len() <= abi::MAX_PREFIXES as usize);
     assert!(d.namespaces.len() <= abi::MAX_NAMESPACES as usize);
-    for (name, rate) in &d.namespaces {
-        assert!(
-            !name.is_empty()
-                && name.len() <= 63
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
-            "namespace {name:?}"
-        );
-        assert!(limits::check_rate("ns", *rate).is_ok());
+    assert!(d.classes.len() <= abi::MAX_NAMED);
+    let label = |name: &str| {
+        !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    for name in d.namespaces.keys().chain(&d.classes) {
+        assert!(label(name), "name {name:?}");
     }
-    assert!(limits::check_rate("pod", d.pod_internet_egress_rate).is_ok());
-    assert!(limits::check_rate("cap", d.node_internet_egress_cap).is_ok());
+    let levels = d
+        .namespaces
+        .values()
+        .chain([&d.defaults])
+        .flat_map(|n| [&n.pod, &n.namespace])
+        .chain([&d.node]);
+    for l in levels {
+        for ((_, class), rate) in &l.rates {
+            assert!(limits::check_rate("rate", Some(*rate)).is_ok());
+            assert!(class == INTERNET || d.classes.contains(class), "{class}");
+        }
+    }
     if let Some(u) = &d.uplink {
         assert!(!u.is_empty() && u.len() <= 15 && !u.contains(['/', ' ', '\0']));
     }
-    // The classifier's prefixes: both lists (blocked wins) and the metadata endpoints.
+    // The classifier's prefixes: every list (blocked wins) and the metadata endpoints.
     let prefixes = p.prefixes();
     for c in &p.blocked_cidrs {
-        assert_eq!(prefixes.get(c), Some(&abi::CLASS_BLOCKED));
+        assert_eq!(prefixes.get(c), Some(&Dest::Blocked));
     }
-    for c in &p.internal_cidrs {
+    for c in p.internal_cidrs.iter().chain(p.classes.values().flatten()) {
         assert!(prefixes.contains_key(c));
     }
     if p.block_cloud_metadata {
         for a in CLOUD_METADATA {
-            assert_eq!(prefixes.get(&a.into()), Some(&abi::CLASS_BLOCKED));
-            assert_eq!(p.classify(a), abi::CLASS_BLOCKED);
+            assert_eq!(prefixes.get(&a.into()), Some(&Dest::Blocked));
+            assert_eq!(p.classify(a), Some(Dest::Blocked));
         }
     }
     assert_eq!(d.prefixes.len(), prefixes.len());

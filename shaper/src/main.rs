@@ -27,6 +27,9 @@ use tracing::{error, info, warn};
 /// Default `--metrics-address`: loopback only; a DaemonSet scraped from the cluster sets
 /// the node address (or 0.0.0.0) explicitly.
 const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9546";
+/// How often the daemon looks for pods attached or detached since its last look (one read
+/// of the pinned config): their namespaces' and the node's aggregates then follow.
+const PODS_POLL: Duration = Duration::from_millis(250);
 /// Period of the exporter's samples outside scrapes: node and namespace totals keep what a
 /// pod counted even when it is deleted between two scrapes (losing at most this much), and the
 /// shaping queues' drop counters (a netns switch per pod, kept off the scrape path) refresh.
@@ -100,6 +103,8 @@ struct Daemon {
     dp: Datapath,
     /// Text of the last policy seen (applied or rejected), to act once per change.
     seen: Option<Option<String>>,
+    /// The pods epoch the aggregates were last reconciled at.
+    pods_epoch: Option<u64>,
 }
 
 impl Daemon {
@@ -119,14 +124,30 @@ impl Daemon {
         info!(
             epoch = report.epoch,
             prefixes = report.prefixes,
+            prefixes_changed = report.prefixes_changed,
             namespaces = report.namespaces,
             uplink = ?report.uplink,
             pods_updated = report.pods_updated,
+            aggregates = report.aggregates.namespaces,
             "policy applied"
         );
         for e in &report.pod_errors {
             warn!("pod not updated to the new policy: {e}");
         }
+        self.pods_epoch = None;
+        Ok(())
+    }
+
+    /// Reconciles the aggregates when pods were attached or detached since the last time.
+    fn follow_pods(&mut self) -> Result<()> {
+        let epoch = self.dp.config()?.pods_epoch;
+        if self.pods_epoch == Some(epoch) {
+            return Ok(());
+        }
+        self.dp
+            .reconcile_aggregates()
+            .context("reconcile the aggregates")?;
+        self.pods_epoch = Some(epoch);
         Ok(())
     }
 }
@@ -147,6 +168,7 @@ fn main() -> Result<()> {
         let policy = parse_policy(&args.config, text.as_deref())?;
         info!(
             prefixes = policy.prefixes().len(),
+            classes = policy.classes.len(),
             namespaces = policy.datapath.namespaces.len(),
             "policy {} is valid",
             args.config.display()
@@ -169,6 +191,7 @@ fn main() -> Result<()> {
         args,
         dp,
         seen: None,
+        pods_epoch: None,
     };
     if let Err(e) = daemon.reload(true) {
         // With a policy already applied (a restart), keep it and wait for a fixed file;
@@ -246,6 +269,8 @@ async fn run(mut daemon: Daemon) -> Result<()> {
     let poll_every = Duration::from_secs(daemon.args.poll_interval.max(1));
     let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + poll_every, poll_every);
     let mut gc = tokio::time::interval(Duration::from_secs(daemon.args.gc_interval.max(1)));
+    let mut pods = tokio::time::interval(PODS_POLL);
+    pods.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     info!("running; SIGHUP reloads the policy, SIGTERM exits leaving the datapath in place");
@@ -262,6 +287,11 @@ async fn run(mut daemon: Daemon) -> Result<()> {
             _ = poll.tick() => {
                 if let Err(e) = daemon.reload(false) {
                     error!("{e:#}; the previous policy stays applied");
+                }
+            }
+            _ = pods.tick() => {
+                if let Err(e) = daemon.follow_pods() {
+                    warn!("{e:#}");
                 }
             }
             _ = gc.tick() => {

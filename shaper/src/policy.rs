@@ -1,25 +1,28 @@
-//! Node policy: `/etc/aliasnet/shaper.toml`.
+//! Node policy: `/etc/aliasnet/shaper.toml` (reference: `docs/config/shaperd.md`).
 //!
 //! ```toml
-//! # Destinations that are "internal" (VNet, pod and service ranges), IPv4 or IPv6. Everything
-//! # else is internet.
-//! internal_cidrs = ["10.0.0.0/8", "172.16.0.0/12", "fd00::/8"]
-//! # Destinations that are dropped (other clusters, ...). Most specific prefix of the
-//! # address's family wins across both lists; the same prefix in both is blocked.
-//! blocked_cidrs = ["10.99.0.0/16", "fd00:99::/32"]
-//! # Adds the cloud metadata endpoints (CLOUD_METADATA) to blocked_cidrs (default true).
-//! block_cloud_metadata = true
-//! # Default internet-egress limit per pod (bit/s: integer or quantity like "100M"; omit or
-//! # "unlimited" for none). A pod's aliasnet.io/internet-egress-bandwidth annotation overrides it.
-//! pod_internet_egress_rate = "100M"
-//! # Cap on all pods' internet egress together, enforced on the uplink (omit for none).
-//! node_internet_egress_cap = "1G"
-//! # Uplink for the node cap (default: the interface of the IPv4 default route, else the IPv6 one).
-//! uplink = "eth0"
+//! internal_cidrs = ["10.0.0.0/8", "fd00::/8"]      # internal: never shaped by internet limits
+//! blocked_cidrs = ["10.99.0.0/16"]                 # dropped
 //!
-//! [namespaces.research]
-//! internet_egress_rate = "1G"      # or "unlimited"
+//! [internet]                     # all internet traffic, named classes included
+//! pod_ingress_rate = "1G"        # each pod's downloads
+//! namespace_ingress_rate = "5G"  # all pods of one namespace on this node together
+//! node_ingress_rate = "10G"      # all pods of this node together
+//!
+//! [classes.mirrors]              # a named destination class: a part of the internet
+//! cidrs = ["203.0.113.0/24", "2001:db8:1::/48"]
+//! pod_ingress_rate = "500M"      # on top of the internet limits
+//!
+//! [namespaces.research.internet] # one namespace's pod and namespace limits
+//! namespace_ingress_rate = "2G"
+//! [namespaces.research.classes.mirrors]
+//! namespace_ingress_rate = "500M"
 //! ```
+//!
+//! The keys of the first release stay as aliases: `pod_internet_egress_rate` is
+//! `[internet] pod_egress_rate`, `node_internet_egress_cap` is `[internet] node_egress_rate`,
+//! `[namespaces.<ns>] internet_egress_rate` is `[namespaces.<ns>.internet] pod_egress_rate`;
+//! a file that sets one limit under both spellings is refused.
 
 use std::{
     collections::BTreeMap,
@@ -28,9 +31,9 @@ use std::{
 };
 
 use aliasnet_ebpf::{
-    abi,
+    abi::{self, Direction},
     limits::{check_rate, parse_quantity},
-    NodePolicy,
+    Dest, LevelLimits, NamespaceLimits, NodePolicy, INTERNET,
 };
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -49,6 +52,9 @@ pub const CLOUD_METADATA: [IpAddr; 4] = [
     IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
     IpAddr::V6(Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)),
 ];
+
+/// Class names the counters and metrics use for traffic that is in no named class.
+const RESERVED_CLASSES: [&str; 4] = [INTERNET, "internal", "blocked", "other"];
 
 /// An IPv4 or IPv6 prefix with no host bits set; the messages name what is wrong with it.
 fn parse_cidr(s: &str) -> Result<IpNet, String> {
@@ -74,21 +80,29 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
 }
 
 /// The validated node policy: the file's CIDR lists as written, and what the datapath
-/// applies ([`NodePolicy`], prefixes with their class).
+/// applies ([`NodePolicy`]: prefixes with where they put an address, the limits).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     pub internal_cidrs: Vec<IpNet>,
     /// As configured, without the cloud metadata defaults.
     pub blocked_cidrs: Vec<IpNet>,
     pub block_cloud_metadata: bool,
-    /// Rates, uplink and namespaces as configured, and every prefix with its class.
+    /// Each named class's prefixes.
+    pub classes: BTreeMap<String, Vec<IpNet>>,
+    /// Limits, uplink and every prefix with where it puts an address.
     pub datapath: NodePolicy,
 }
 
 impl Default for Policy {
     /// No internal ranges (everything is internet), metadata blocked, no limits.
     fn default() -> Self {
-        Self::new(Vec::new(), Vec::new(), true, NodePolicy::default())
+        Self::new(
+            Vec::new(),
+            Vec::new(),
+            true,
+            BTreeMap::new(),
+            NodePolicy::default(),
+        )
     }
 }
 
@@ -111,17 +125,52 @@ pub enum PolicyError {
     Invalid { path: PathBuf, reason: String },
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 #[serde(untagged)]
 enum RawRate {
     Int(u64),
     Str(String),
 }
 
-#[derive(Deserialize)]
+/// The limits of a class (`[internet]`, `[classes.<name>]`) at every level.
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    pod_ingress_rate: Option<RawRate>,
+    pod_egress_rate: Option<RawRate>,
+    namespace_ingress_rate: Option<RawRate>,
+    namespace_egress_rate: Option<RawRate>,
+    node_ingress_rate: Option<RawRate>,
+    node_egress_rate: Option<RawRate>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    #[serde(default)]
+    cidrs: Vec<String>,
+    #[serde(flatten)]
+    limits: RawLimits,
+}
+
+/// A namespace's override of a class's pod and namespace limits.
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawNsLimits {
+    pod_ingress_rate: Option<RawRate>,
+    pod_egress_rate: Option<RawRate>,
+    namespace_ingress_rate: Option<RawRate>,
+    namespace_egress_rate: Option<RawRate>,
+}
+
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawNamespace {
-    internet_egress_rate: RawRate,
+    /// Alias of `internet.pod_egress_rate`.
+    internet_egress_rate: Option<RawRate>,
+    internet: Option<RawNsLimits>,
+    #[serde(default)]
+    classes: BTreeMap<String, RawNsLimits>,
 }
 
 #[derive(Deserialize)]
@@ -133,9 +182,14 @@ struct RawPolicy {
     blocked_cidrs: Vec<String>,
     #[serde(default = "default_true")]
     block_cloud_metadata: bool,
+    /// Alias of `internet.pod_egress_rate`.
     pod_internet_egress_rate: Option<RawRate>,
+    /// Alias of `internet.node_egress_rate`.
     node_internet_egress_cap: Option<RawRate>,
     uplink: Option<String>,
+    internet: Option<RawLimits>,
+    #[serde(default)]
+    classes: BTreeMap<String, RawClass>,
     #[serde(default)]
     namespaces: BTreeMap<String, RawNamespace>,
 }
@@ -162,8 +216,8 @@ fn cidrs(field: &str, raw: &[String]) -> Result<Vec<IpNet>, String> {
         .collect()
 }
 
-/// A Kubernetes namespace name: an RFC 1123 label.
-fn valid_namespace(name: &str) -> bool {
+/// A Kubernetes namespace name, or a class name: an RFC 1123 label.
+fn valid_label(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && name
@@ -173,20 +227,124 @@ fn valid_namespace(name: &str) -> bool {
         && !name.ends_with('-')
 }
 
+/// One limit key: its level (pod, namespace, node) and direction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Pod,
+    Namespace,
+    Node,
+}
+
+/// `(key, level, direction, value)` of every limit set in `l`.
+fn limit_keys(l: &RawLimits) -> Vec<(&'static str, Level, Direction, &RawRate)> {
+    [
+        (
+            "pod_ingress_rate",
+            Level::Pod,
+            Direction::Ingress,
+            &l.pod_ingress_rate,
+        ),
+        (
+            "pod_egress_rate",
+            Level::Pod,
+            Direction::Egress,
+            &l.pod_egress_rate,
+        ),
+        (
+            "namespace_ingress_rate",
+            Level::Namespace,
+            Direction::Ingress,
+            &l.namespace_ingress_rate,
+        ),
+        (
+            "namespace_egress_rate",
+            Level::Namespace,
+            Direction::Egress,
+            &l.namespace_egress_rate,
+        ),
+        (
+            "node_ingress_rate",
+            Level::Node,
+            Direction::Ingress,
+            &l.node_ingress_rate,
+        ),
+        (
+            "node_egress_rate",
+            Level::Node,
+            Direction::Egress,
+            &l.node_egress_rate,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(k, lv, d, v)| v.as_ref().map(|v| (k, lv, d, v)))
+    .collect()
+}
+
+impl RawNsLimits {
+    fn as_limits(&self) -> RawLimits {
+        RawLimits {
+            pod_ingress_rate: self.pod_ingress_rate.clone(),
+            pod_egress_rate: self.pod_egress_rate.clone(),
+            namespace_ingress_rate: self.namespace_ingress_rate.clone(),
+            namespace_egress_rate: self.namespace_egress_rate.clone(),
+            node_ingress_rate: None,
+            node_egress_rate: None,
+        }
+    }
+}
+
+/// Applies the limits of `raw` for `class` to the levels; `prefix` names the table in
+/// errors. "unlimited" removes a limit (an override lifting a default).
+fn apply_limits(
+    prefix: &str,
+    class: &str,
+    raw: &RawLimits,
+    ns: &mut NamespaceLimits,
+    node: Option<&mut LevelLimits>,
+) -> Result<(), String> {
+    let mut node = node;
+    for (key, level, dir, v) in limit_keys(raw) {
+        let r = rate(&format!("{prefix}.{key}"), v)?;
+        match level {
+            Level::Pod => ns.pod.set(dir, class, r),
+            Level::Namespace => ns.namespace.set(dir, class, r),
+            Level::Node => match node.as_deref_mut() {
+                Some(n) => n.set(dir, class, r),
+                None => return Err(format!("{prefix}.{key}: not a namespace's limit")),
+            },
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a limit set under its old key and its new one.
+fn alias(old: &str, old_set: bool, new: &str, new_set: bool) -> Result<(), String> {
+    if old_set && new_set {
+        return Err(format!(
+            "{old} and {new} set the same limit: keep one ({old} is the older spelling)"
+        ));
+    }
+    Ok(())
+}
+
 impl Policy {
-    /// The policy of these lists and settings; `datapath.prefixes` is derived here.
+    /// The policy of these lists and settings; `datapath.prefixes` and `datapath.classes`
+    /// are derived here.
     fn new(
         internal_cidrs: Vec<IpNet>,
         blocked_cidrs: Vec<IpNet>,
         block_cloud_metadata: bool,
+        classes: BTreeMap<String, Vec<IpNet>>,
         datapath: NodePolicy,
     ) -> Self {
         let mut p = Self {
             internal_cidrs,
             blocked_cidrs,
             block_cloud_metadata,
+            classes,
             datapath,
         };
+        p.datapath.classes = p.classes.keys().cloned().collect();
         p.datapath.prefixes = p.prefixes().into_iter().collect();
         p
     }
@@ -206,71 +364,192 @@ impl Policy {
     /// Parses and validates policy text.
     pub fn parse(text: &str) -> Result<Self, String> {
         let raw: RawPolicy = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
-        let mut namespaces = BTreeMap::new();
-        for (name, ns) in &raw.namespaces {
-            if !valid_namespace(name) {
-                return Err(format!(
-                    "namespaces.{name}: not a valid Kubernetes namespace name"
-                ));
-            }
-            let r = rate(
-                &format!("namespaces.{name}.internet_egress_rate"),
-                &ns.internet_egress_rate,
-            )?;
-            namespaces.insert(name.clone(), r);
-        }
-        if namespaces.len() > abi::MAX_NAMESPACES as usize {
-            return Err(format!(
-                "namespaces: {} overrides, at most {} are supported",
-                namespaces.len(),
-                abi::MAX_NAMESPACES
-            ));
-        }
         if let Some(u) = &raw.uplink {
             if u.is_empty() || u.len() > 15 || u.contains(['/', ' ', '\0']) {
                 return Err(format!("uplink: {u:?} is not an interface name"));
             }
         }
+
+        // Named classes and their prefixes.
+        if raw.classes.len() > abi::MAX_NAMED {
+            return Err(format!(
+                "classes: {} named classes, at most {} are supported",
+                raw.classes.len(),
+                abi::MAX_NAMED
+            ));
+        }
+        let mut classes = BTreeMap::new();
+        for (name, c) in &raw.classes {
+            if !valid_label(name) || RESERVED_CLASSES.contains(&name.as_str()) {
+                return Err(format!(
+                    "classes.{name}: a class name is a lowercase RFC 1123 label and not one \
+                     of {RESERVED_CLASSES:?}"
+                ));
+            }
+            classes.insert(
+                name.clone(),
+                cidrs(&format!("classes.{name}.cidrs"), &c.cidrs)?,
+            );
+        }
+
+        // Limits: the defaults of every namespace, the node's.
+        let internet = raw.internet.clone().unwrap_or_default();
+        alias(
+            "pod_internet_egress_rate",
+            raw.pod_internet_egress_rate.is_some(),
+            "internet.pod_egress_rate",
+            internet.pod_egress_rate.is_some(),
+        )?;
+        alias(
+            "node_internet_egress_cap",
+            raw.node_internet_egress_cap.is_some(),
+            "internet.node_egress_rate",
+            internet.node_egress_rate.is_some(),
+        )?;
+        let mut defaults = NamespaceLimits::default();
+        let mut node = LevelLimits::default();
+        if let Some(r) = &raw.pod_internet_egress_rate {
+            let r = rate("pod_internet_egress_rate", r)?;
+            defaults.pod.set(Direction::Egress, INTERNET, r);
+        }
+        if let Some(r) = &raw.node_internet_egress_cap {
+            let r = rate("node_internet_egress_cap", r)?;
+            node.set(Direction::Egress, INTERNET, r);
+        }
+        apply_limits(
+            "internet",
+            INTERNET,
+            &internet,
+            &mut defaults,
+            Some(&mut node),
+        )?;
+        for (name, c) in &raw.classes {
+            apply_limits(
+                &format!("classes.{name}"),
+                name,
+                &c.limits,
+                &mut defaults,
+                Some(&mut node),
+            )?;
+        }
+
+        // Namespaces: the defaults with their overrides.
+        if raw.namespaces.len() > abi::MAX_NAMESPACES as usize {
+            return Err(format!(
+                "namespaces: {} namespaces, at most {} are supported",
+                raw.namespaces.len(),
+                abi::MAX_NAMESPACES
+            ));
+        }
+        let mut namespaces = BTreeMap::new();
+        for (name, ns) in &raw.namespaces {
+            if !valid_label(name) {
+                return Err(format!(
+                    "namespaces.{name}: not a valid Kubernetes namespace name"
+                ));
+            }
+            let mut limits = defaults.clone();
+            let over = ns.internet.clone().unwrap_or_default();
+            alias(
+                &format!("namespaces.{name}.internet_egress_rate"),
+                ns.internet_egress_rate.is_some(),
+                &format!("namespaces.{name}.internet.pod_egress_rate"),
+                over.pod_egress_rate.is_some(),
+            )?;
+            if let Some(r) = &ns.internet_egress_rate {
+                let r = rate(&format!("namespaces.{name}.internet_egress_rate"), r)?;
+                limits.pod.set(Direction::Egress, INTERNET, r);
+            }
+            apply_limits(
+                &format!("namespaces.{name}.internet"),
+                INTERNET,
+                &over.as_limits(),
+                &mut limits,
+                None,
+            )?;
+            for (class, over) in &ns.classes {
+                if !classes.contains_key(class) {
+                    return Err(format!(
+                        "namespaces.{name}.classes.{class}: no class {class:?} is defined \
+                         ([classes.{class}])"
+                    ));
+                }
+                apply_limits(
+                    &format!("namespaces.{name}.classes.{class}"),
+                    class,
+                    &over.as_limits(),
+                    &mut limits,
+                    None,
+                )?;
+            }
+            namespaces.insert(name.clone(), limits);
+        }
+
         let datapath = NodePolicy {
             prefixes: Vec::new(),
-            pod_internet_egress_rate: raw
-                .pod_internet_egress_rate
-                .as_ref()
-                .map(|r| rate("pod_internet_egress_rate", r))
-                .transpose()?
-                .flatten(),
-            node_internet_egress_cap: raw
-                .node_internet_egress_cap
-                .as_ref()
-                .map(|r| rate("node_internet_egress_cap", r))
-                .transpose()?
-                .flatten(),
-            uplink: raw.uplink,
+            classes: Vec::new(),
+            defaults,
             namespaces,
+            node,
+            uplink: raw.uplink,
         };
         let policy = Self::new(
             cidrs("internal_cidrs", &raw.internal_cidrs)?,
             cidrs("blocked_cidrs", &raw.blocked_cidrs)?,
             raw.block_cloud_metadata,
+            classes,
             datapath,
         );
-        let n = policy.datapath.prefixes.len();
-        if n > abi::MAX_PREFIXES as usize {
-            return Err(format!(
-                "{n} distinct prefixes, at most {} are supported",
-                abi::MAX_PREFIXES
-            ));
-        }
+        policy.check_prefixes()?;
         Ok(policy)
     }
 
-    /// The classifier's view: every prefix with its class. The most specific prefix of the
-    /// address's family wins at lookup time; a prefix listed as both internal and blocked is
-    /// blocked.
-    pub fn prefixes(&self) -> BTreeMap<IpNet, u32> {
+    /// A prefix may be in one list only (in blocked_cidrs and another list it is blocked,
+    /// which is the safe reading of such a file), and there are at most
+    /// [`abi::MAX_PREFIXES`] of them.
+    fn check_prefixes(&self) -> Result<(), String> {
+        let mut seen: BTreeMap<IpNet, String> = BTreeMap::new();
+        let lists = self
+            .internal_cidrs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c, format!("internal_cidrs[{i}]")))
+            .chain(self.classes.iter().flat_map(|(name, cs)| {
+                cs.iter()
+                    .enumerate()
+                    .map(move |(i, c)| (c, format!("classes.{name}.cidrs[{i}]")))
+            }));
+        for (cidr, key) in lists {
+            if let Some(first) = seen.get(cidr) {
+                if first != &key {
+                    return Err(format!("{key}: {cidr} is also in {first}"));
+                }
+            }
+            seen.insert(*cidr, key);
+        }
+        let n = self.datapath.prefixes.len();
+        if n > abi::MAX_PREFIXES as usize {
+            return Err(format!(
+                "internal_cidrs, blocked_cidrs and the classes' cidrs: {n} distinct prefixes, \
+                 at most {} are supported",
+                abi::MAX_PREFIXES
+            ));
+        }
+        Ok(())
+    }
+
+    /// The classifier's view: every prefix with where it puts an address. The most specific
+    /// prefix of the address's family wins at lookup time; a prefix listed as blocked is
+    /// blocked whatever else lists it.
+    pub fn prefixes(&self) -> BTreeMap<IpNet, Dest> {
         let mut out = BTreeMap::new();
         for c in &self.internal_cidrs {
-            out.insert(*c, abi::CLASS_INTERNAL);
+            out.insert(*c, Dest::Internal);
+        }
+        for (name, cs) in &self.classes {
+            for c in cs {
+                out.insert(*c, Dest::Named(name.clone()));
+            }
         }
         let metadata = if self.block_cloud_metadata {
             &CLOUD_METADATA[..]
@@ -279,157 +558,22 @@ impl Policy {
         };
         let metadata = metadata.iter().map(|a| IpNet::from(*a));
         for c in self.blocked_cidrs.iter().copied().chain(metadata) {
-            out.insert(c, abi::CLASS_BLOCKED);
+            out.insert(c, Dest::Blocked);
         }
         out
     }
 
-    /// Reference classification of an address, as the eBPF programs do it.
-    pub fn classify(&self, ip: impl Into<IpAddr>) -> u32 {
+    /// Reference classification of an address, as the eBPF programs do it: `None` for plain
+    /// internet.
+    pub fn classify(&self, ip: impl Into<IpAddr>) -> Option<Dest> {
         let ip = ip.into();
         self.prefixes()
-            .iter()
+            .into_iter()
             .filter(|(c, _)| c.contains(&ip))
             .max_by_key(|(c, _)| c.prefix_len())
-            .map_or(abi::CLASS_INTERNET, |(_, class)| *class)
+            .map(|(_, d)| d)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const FULL: &str = r#"
-        internal_cidrs = ["10.0.0.0/8", "172.16.0.0/12", "10.99.7.0/24"]
-        blocked_cidrs = ["10.99.0.0/16", "172.16.0.0/12"]
-        pod_internet_egress_rate = "100M"
-        node_internet_egress_cap = 1000000000
-        uplink = "eth0"
-
-        [namespaces.research]
-        internet_egress_rate = "1G"
-
-        [namespaces.batch]
-        internet_egress_rate = "unlimited"
-    "#;
-
-    #[test]
-    fn parses_everything() {
-        let p = Policy::parse(FULL).unwrap();
-        assert_eq!(p.internal_cidrs.len(), 3);
-        let d = &p.datapath;
-        assert_eq!(d.pod_internet_egress_rate, Some(100_000_000));
-        assert_eq!(d.node_internet_egress_cap, Some(1_000_000_000));
-        assert_eq!(d.uplink.as_deref(), Some("eth0"));
-        assert_eq!(d.internet_rate_for("research"), Some(1_000_000_000));
-        assert_eq!(d.internet_rate_for("batch"), None);
-        assert_eq!(d.internet_rate_for("default"), Some(100_000_000));
-        // Four distinct prefixes (one is in both lists) and the four metadata endpoints.
-        assert_eq!(d.prefixes.len(), 8);
-    }
-
-    #[test]
-    fn most_specific_wins_and_ties_are_blocked() {
-        let p = Policy::parse(FULL).unwrap();
-        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
-        assert_eq!(p.classify(ip("10.1.2.3")), abi::CLASS_INTERNAL);
-        assert_eq!(p.classify(ip("10.99.1.1")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("10.99.7.9")), abi::CLASS_INTERNAL);
-        // Listed in both: blocked.
-        assert_eq!(p.classify(ip("172.16.5.5")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("169.254.169.254")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("168.63.129.16")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("203.0.113.1")), abi::CLASS_INTERNET);
-    }
-
-    #[test]
-    fn ipv6_cidrs_in_every_list_classify_by_their_family() {
-        let p = Policy::parse(
-            r#"
-            internal_cidrs = ["10.0.0.0/8", "fd00::/8", "2001:db8:ff::/48"]
-            blocked_cidrs = ["fd00:99::/32", "2001:db8:ff:1::/64"]
-            "#,
-        )
-        .unwrap();
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(p.classify(ip("fd00:240:1::5")), abi::CLASS_INTERNAL);
-        assert_eq!(p.classify(ip("fd00:99::1")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("2001:db8:ff:2::1")), abi::CLASS_INTERNAL);
-        // Longest prefix wins, within IPv6 as within IPv4.
-        assert_eq!(p.classify(ip("2001:db8:ff:1::9")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("2001:db8::10")), abi::CLASS_INTERNET);
-        // The families do not mix: ::ffff:10.0.0.1 is an IPv6 address outside fd00::/8.
-        assert_eq!(p.classify(ip("::ffff:10.0.0.1")), abi::CLASS_INTERNET);
-        assert_eq!(p.classify(ip("fd00:ec2::254")), abi::CLASS_BLOCKED);
-        assert_eq!(p.classify(ip("fd20:ce::254")), abi::CLASS_BLOCKED);
-        let v6 = p
-            .datapath
-            .prefixes
-            .iter()
-            .filter(|(n, _)| matches!(n, IpNet::V6(_)));
-        // Four listed and the two IPv6 metadata endpoints.
-        assert_eq!(v6.count(), 6);
-    }
-
-    #[test]
-    fn metadata_blocking_can_be_disabled() {
-        let p = Policy::parse("block_cloud_metadata = false").unwrap();
-        assert!(p.prefixes().is_empty());
-        let p = Policy::parse("").unwrap();
-        assert_eq!(p, Policy::default());
-        assert_eq!(p.prefixes().len(), 4);
-    }
-
-    #[test]
-    fn rejects_bad_input_with_the_key_named() {
-        let cases = [
-            (r#"internal_cidrs = ["10.0.0.1/8"]"#, "internal_cidrs[0]"),
-            (r#"internal_cidrs = ["10.0.0.1/8"]"#, "host bits"),
-            (
-                r#"blocked_cidrs = ["1.2.3.0/24", "nonsense"]"#,
-                "blocked_cidrs[1]",
-            ),
-            (r#"blocked_cidrs = ["fd00::1/8"]"#, "host bits"),
-            (r#"internal_cidrs = ["10.0.0.0/33"]"#, "above 32"),
-            (r#"internal_cidrs = ["fd00::/129"]"#, "above 128"),
-            (
-                r#"internal_cidrs = ["fd00::g/16"]"#,
-                "not an IPv4 or IPv6 address",
-            ),
-            (
-                r#"pod_internet_egress_rate = "fast""#,
-                "pod_internet_egress_rate",
-            ),
-            (r#"pod_internet_egress_rate = 0"#, "zero"),
-            (r#"node_internet_egress_cap = "10""#, "below the minimum"),
-            ("pod_internet_egress = \"1M\"", "unknown field"),
-            (
-                "[namespaces.Bad_Name]\ninternet_egress_rate = \"1M\"",
-                "namespaces.Bad_Name",
-            ),
-            ("[namespaces.ok]\nrate = \"1M\"", "unknown field"),
-            ("uplink = \"a/b\"", "uplink"),
-            ("internal_cidrs = [", "expected"),
-        ];
-        for (text, needle) in cases {
-            let e = Policy::parse(text).expect_err(text);
-            assert!(e.contains(needle), "{text:?}: error {e:?} lacks {needle:?}");
-        }
-    }
-
-    #[test]
-    fn load_names_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("shaper.toml");
-        std::fs::write(&path, "internal_cidrs = [\"x\"]").unwrap();
-        let e = Policy::load(&path).unwrap_err().to_string();
-        assert!(
-            e.contains("shaper.toml") && e.contains("internal_cidrs[0]"),
-            "{e}"
-        );
-        let e = Policy::load(&dir.path().join("missing.toml"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("missing.toml"), "{e}");
-    }
-}
+mod tests;

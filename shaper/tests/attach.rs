@@ -415,20 +415,21 @@ fn a_reused_slot_starts_with_an_empty_queue_model() {
         let path = f.pin_root().join("maps").join(aliasnet_ebpf::maps::VQUEUE);
         let mut m: Array<MapData, aliasnet_ebpf::abi::VQueue> =
             Array::try_from(Map::Array(MapData::from_pin(path).unwrap())).unwrap();
-        for class in 0..abi::VQ_PER_POD {
-            m.set(slot * abi::VQ_PER_POD + class, dirty, 0).unwrap();
-        }
+        m.set(
+            abi::vq_pod(slot, abi::DIR_INGRESS, abi::KIND_TOTAL),
+            dirty,
+            0,
+        )
+        .unwrap();
     }
     assert!(f.in_node(|| dp.detach_pod(CONTAINER_ID, "eth0")).unwrap());
     let again = f.in_node(|| dp.attach_pod(&att)).expect("attach again");
     assert_eq!(again.slot, slot, "the freed slot is taken again");
-    for class in 0..abi::VQ_PER_POD {
-        assert_eq!(
-            f.vqueue(slot * abi::VQ_PER_POD + class),
-            aliasnet_ebpf::abi::VQueue::default(),
-            "class {class}"
-        );
-    }
+    // The models of the limits the new pod has start empty.
+    assert_eq!(
+        f.vqueue(abi::vq_pod(slot, abi::DIR_INGRESS, abi::KIND_TOTAL)),
+        aliasnet_ebpf::abi::VQueue::default()
+    );
     // And the pod is shaped from an empty queue: its pings go through at once.
     assert_eq!(f.ping("pod", INTERNET, 3, 100, &[]), 3);
 }

@@ -165,7 +165,7 @@ fn policy_reload_applies_changes_and_rejects_invalid_ones() {
     );
     assert_eq!(htb_rate(&f, "pod", "eth0", "1:10"), "30Mbit");
     let rec = dp.pod(CONTAINER_ID, "eth0").unwrap().unwrap();
-    assert_eq!(rec.meta.internet_egress_rate, 30_000_000);
+    assert_eq!(rec.meta.internet_egress_rate(), 30_000_000);
 
     // An invalid file is rejected with the key named; policy B stays in force.
     f.write_policy(r#"internal_cidrs = ["10.0.0.1/8"]"#);
@@ -375,7 +375,7 @@ fn upgrade_switches_live_filters_to_new_programs() {
                 .and_then(|mut rt| rt.class_stats(ifindex))
                 .expect("class stats")
                 .iter()
-                .find(|c| c.handle == abi::CLASSID_POD_INTERNET)
+                .find(|c| c.handle == abi::classid(abi::pod_class(abi::KIND_INTERNET)))
                 .map_or(0, |c| c.packets)
         })
         .expect("enter netns")

@@ -7,7 +7,10 @@ mod fabric;
 
 use std::{net::IpAddr, time::Duration};
 
-use aliasnet_ebpf::{abi, AttachedPod, Limits};
+use aliasnet_ebpf::{
+    abi::{self, Direction},
+    AttachedPod, Limits,
+};
 use fabric::*;
 
 const SECS: u32 = 3;
@@ -54,7 +57,6 @@ fn internet_is_limited_while_internal_is_not() {
     let mut dp = f.open();
     let att = f.attachment(Limits::default());
     let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
-    assert!(a.internet_from_policy);
     assert_eq!(a.internet_egress.map(|s| s.rate), Some(20_000_000));
     assert_eq!(a.egress, None, "no total egress limit");
 
@@ -77,12 +79,14 @@ fn internet_is_limited_while_internal_is_not() {
 
     let rec = dp.pod(CONTAINER_ID, "eth0").unwrap().unwrap();
     let stats = f.in_node(|| dp.shaping_stats(&rec)).expect("stats");
-    let internet = stats.internet_egress.expect("internet class leaf");
+    let internet = stats
+        .of(Direction::Egress, abi::KIND_INTERNET)
+        .expect("internet class leaf");
     assert!(
         internet.bytes > 3_000_000,
         "internet leaf saw the traffic: {internet:?}"
     );
-    assert!(stats.other_egress.is_none() && stats.ingress.is_none());
+    assert_eq!(stats.leaves.len(), 1, "the internet limit only: {stats:?}");
 }
 
 #[test]
@@ -97,9 +101,9 @@ fn ingress_and_total_egress_limits() {
         egress_rate: Some(50_000_000),
         egress_burst: Some(u64::from(u32::MAX)),
         internet_egress_rate: Some(10_000_000),
+        ..Limits::default()
     });
     let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
-    assert!(!a.internet_from_policy);
     assert_eq!(
         a.ingress.map(|s| s.burst_bytes),
         Some(37_500),
@@ -139,7 +143,12 @@ fn node_cap_limits_all_pods_internet_egress() {
         "#,
     );
     let dp_cfg = f.open().config().unwrap();
-    assert_eq!(dp_cfg.node_internet_cap, 15_000_000);
+    let node = f.open().entity(abi::NODE_ENTITY).unwrap();
+    assert_eq!(
+        node.limits.get(Direction::Egress, abi::KIND_INTERNET),
+        Some(15_000_000)
+    );
+    assert_eq!(dp_cfg.node_out, 1);
     assert_ne!(dp_cfg.uplink_ifindex, 0);
     assert_eq!(f.tc_json("node", "qdisc", "up0")[0]["kind"], "htb");
 
@@ -158,7 +167,7 @@ fn node_cap_limits_all_pods_internet_egress() {
         f.iperf("peer", INTERNAL, SECS, false),
         15.0,
     );
-    let capped = dp.node_counters().unwrap();
+    let capped = dp.node_counters().unwrap()[abi::DIR_EGRESS];
     // Half of what 3 s at 15 Mbit/s carry, whatever the frame size.
     assert!(
         capped.bytes > 2_800_000,
@@ -166,7 +175,10 @@ fn node_cap_limits_all_pods_internet_egress() {
     );
     // Traffic the node itself sends to the internet is not the pods' and is not capped.
     assert_eq!(f.ping("node", INTERNET, 3, 100, &[]), 3);
-    assert_eq!(dp.node_counters().unwrap().packets, capped.packets);
+    assert_eq!(
+        dp.node_counters().unwrap()[abi::DIR_EGRESS].packets,
+        capped.packets
+    );
 }
 
 /// What one `iperf_json` run measured.
@@ -254,7 +266,7 @@ fn ecn_traffic_to_a_shaped_pod_is_marked_not_dropped() {
         INTERNET,
     );
     let r = Run::of(&v, &ping);
-    let q = f.vqueue(abi::vq_index(a.slot, abi::VQ_INGRESS));
+    let q = f.vqueue(abi::vq_pod(a.slot, abi::DIR_INGRESS, abi::KIND_TOTAL));
     eprintln!(
         "internet -> pod, cubic + ECN: {:.2} Mbit/s, retransmits {:.2} %, flow RTT {:.1} ms, ping {:.2} ms, {} CE marks",
         r.mbps, r.retrans_pct, r.flow_rtt_ms, r.ping_avg_ms, q.ce_marked
@@ -290,7 +302,7 @@ fn pod_egress_queue_stays_short_without_losses() {
     let secs = 5;
     let (v, ping) = f.iperf_json("pod", "inet", INTERNET, None, secs, Some("cubic"), INTERNET);
     let r = Run::of(&v, &ping);
-    let q = f.vqueue(abi::vq_index(a.slot, abi::VQ_INTERNET));
+    let q = f.vqueue(abi::vq_pod(a.slot, abi::DIR_EGRESS, abi::KIND_INTERNET));
     eprintln!(
         "pod -> internet, cubic: {:.2} Mbit/s, retransmits {:.2} %, flow RTT {:.1} ms, ping {:.2} ms ({} replies), {} pod-side drops",
         r.mbps, r.retrans_pct, r.flow_rtt_ms, r.ping_avg_ms, r.ping_replies, q.dropped
@@ -354,7 +366,7 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
             .unwrap_or_else(|| panic!("no leaf {handle} on vh1: {leaves}"))
             .clone()
     };
-    let (sparse, bulk) = (leaf("102:"), leaf("103:"));
+    let (sparse, bulk) = (leaf("3:"), leaf("4:"));
     eprintln!(
         "internet -> pod, bbr: {:.2} Mbit/s, retransmits {:.2} %, flow RTT {:.1} ms, ping {:.2} ms; sparse leaf {} packets, bulk leaf {} packets / {} drops",
         r.mbps, r.retrans_pct, r.flow_rtt_ms, r.ping_avg_ms, sparse["packets"], bulk["packets"], bulk["drops"]

@@ -136,7 +136,7 @@ fn internet_egress_is_shaped_while_internal_traffic_is_not() {
     let s = n.add_pod_with("shaped", Some(&rc)).unwrap();
     let m = n.record(&s).meta;
     assert_eq!(
-        (m.internet_egress_rate, m.egress_rate, m.ingress_rate),
+        (m.internet_egress_rate(), m.egress_rate(), m.ingress_rate()),
         (10_000_000, 0, 0)
     );
 
@@ -161,7 +161,7 @@ fn internet_egress_is_shaped_while_internal_traffic_is_not() {
                                   "EgressRate": 20_000_000u64, "EgressBurst": 4_294_967_295u64}});
     let t = n.add_pod_with("total", Some(&rc)).unwrap();
     let m = n.record(&t).meta;
-    assert_eq!((m.egress_rate, m.ingress_rate), (20_000_000, 0));
+    assert_eq!((m.egress_rate(), m.ingress_rate()), (20_000_000, 0));
     let to_peer = iperf(&t.ns, &peer.ns, peer.ip);
     let to_internet = iperf(&t.ns, &f.internet, INTERNET_IP);
     eprintln!(

@@ -134,7 +134,7 @@ fn pods_added_while_shaperd_is_down_are_attached_and_counters_survive_restarts()
     let n = f.node(1);
     let rc = json!({ANNOTATIONS: {INTERNET_EGRESS: "10M"}});
     let down = n.add_pod_with("down", Some(&rc)).unwrap();
-    assert_eq!(n.record(&down).meta.internet_egress_rate, 10_000_000);
+    assert_eq!(n.record(&down).meta.internet_egress_rate(), 10_000_000);
     let qdiscs = down
         .ns
         .exec("tc", &["qdisc", "show", "dev", "eth0"])

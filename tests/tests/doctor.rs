@@ -245,7 +245,7 @@ fn doctor_reports_shaping_points_below_a_frame_and_status_shows_the_sizes() {
                 "parent",
                 "1:3",
                 "handle",
-                "103:",
+                "4:",
                 "tbf",
                 "rate",
                 "10200kbit",

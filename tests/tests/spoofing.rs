@@ -108,8 +108,8 @@ fn a_forged_address_does_not_reach_another_pods_egress_model() {
         assert!(hooks.pod_egress.is_ok(), "{:?}", hooks.problems(r));
     }
     let model = |slot| {
-        use aliasnet_ebpf::abi::{VQ_EGRESS, VQ_INTERNET};
-        [VQ_EGRESS, VQ_INTERNET].map(|c| dp.vqueue_of(slot, c).expect("an_vqueue"))
+        use aliasnet_ebpf::abi::{DIR_EGRESS, KIND_INTERNET, KIND_TOTAL};
+        [KIND_TOTAL, KIND_INTERNET].map(|k| dp.vqueue_of(slot, DIR_EGRESS, k).expect("an_vqueue"))
     };
     // b sends no IPv4 (its ARP and IPv6 neighbour traffic is not modelled).
     let b_before = model(rb.slot);

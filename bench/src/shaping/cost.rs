@@ -264,14 +264,10 @@ pub fn cost(report: &mut String) -> Result<()> {
             // few runs, and stays so), on an ECT(0) TCP frame from the internet.
             let mut meta: Array<_, abi::PodMeta> =
                 Array::try_from(ebpf.map_mut(maps::POD_META).context("meta")?)?;
-            meta.set(
-                0,
-                abi::PodMeta {
-                    ingress_rate: 10_000_000,
-                    ..Default::default()
-                },
-                0,
-            )?;
+            let mut m = abi::PodMeta::default();
+            m.limits
+                .set(abi::Direction::Ingress, abi::KIND_TOTAL, Some(10_000_000));
+            meta.set(0, m, 0)?;
             let prog: &SchedClassifier = ebpf
                 .program(programs::HOST_EGRESS)
                 .context("program")?

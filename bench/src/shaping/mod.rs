@@ -205,7 +205,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     throughput_reps: usize,
     /// Exploration: `ns:tc args` run after every aliasnet attach, e.g.
-    /// `node:qdisc replace dev vh1 parent 1:1 handle 101: pfifo limit 8`.
+    /// `node:qdisc replace dev vh1 parent 1:3 handle 4: pfifo limit 8`.
     #[arg(long)]
     tweak: Vec<String>,
     /// Exploration: `role:k=v` sysctls set at start (role: pod, inet, peer, node).

@@ -202,10 +202,12 @@ impl Bench {
         let data = MapData::from_pin(self.net.pin_root().join("maps").join(maps::VQUEUE))?;
         let m: Array<MapData, abi::VQueue> = Array::try_from(Map::Array(data))?;
         let (mut ce, mut dropped) = (0, 0);
-        for class in [abi::VQ_INGRESS, abi::VQ_EGRESS, abi::VQ_INTERNET] {
-            let q = m.get(&abi::vq_index(slot, class), 0)?;
-            ce += q.ce_marked;
-            dropped += q.dropped;
+        for d in [abi::DIR_EGRESS, abi::DIR_INGRESS] {
+            for kind in 0..abi::NR_KINDS {
+                let q = m.get(&abi::vq_pod(slot, d, kind), 0)?;
+                ce += q.ce_marked;
+                dropped += q.dropped;
+            }
         }
         let data = MapData::from_pin(self.net.pin_root().join("maps").join(maps::COUNTERS))?;
         let c: PerCpuArray<MapData, abi::PodCounters> =

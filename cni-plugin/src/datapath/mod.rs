@@ -15,8 +15,7 @@ use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, DatapathMode, NetCo
 use aliasnet_ebpf::{
     abi,
     limits::{ANNOTATION_EGRESS, ANNOTATION_INGRESS, ANNOTATION_INTERNET_EGRESS},
-    CniBandwidth, Datapath, DatapathError, Limits, PodAttachment, PodIdentity, PodRecord, Shape,
-    Teardown,
+    CniBandwidth, Datapath, DatapathError, Limits, PodAttachment, PodIdentity, PodRecord, Teardown,
 };
 
 /// What a pod asks for: validated limits and, if any, the field the first one came from.
@@ -211,7 +210,8 @@ pub fn attach(
         ingress = ?a.ingress.map(|s| s.rate),
         egress = ?a.egress.map(|s| s.rate),
         internet_egress = ?a.internet_egress.map(|s| s.rate),
-        from_policy = a.internet_from_policy,
+        internet_ingress = ?a.internet_ingress.map(|s| s.rate),
+        namespace_aggregate = a.entity,
         "datapath attached"
     );
     Ok(())
@@ -318,13 +318,13 @@ pub fn check(
         ));
     }
     p.extend(dp.hooks_of(&rec).problems(&rec));
-    let policy_rate = if req.limits.internet_egress_rate.is_none() {
-        dp.policy_internet_rate(&rec.namespace())
-            .map_err(|e| to_cni(conf, "read the datapath policy", &e))?
-    } else {
-        None
-    };
-    p.extend(limit_mismatches(&rec, &req.limits, policy_rate));
+    let (rates, bursts) = dp
+        .effective_limits(&rec.namespace(), &req.limits, rec.frame())
+        .map_err(|e| to_cni(conf, "read the datapath policy", &e))?;
+    let names = dp
+        .class_names()
+        .map_err(|e| to_cni(conf, "read the datapath's classes", &e))?;
+    p.extend(limit_mismatches(&rec, &rates, &bursts, &names));
     Ok(p)
 }
 
@@ -335,83 +335,59 @@ fn ifindex(name: &str) -> Option<u32> {
     (i != 0).then_some(i)
 }
 
-/// Differences between the limits recorded for a pod and what `want` (plus node policy's
-/// internet rate `policy_rate`, used when `want` has none) makes `attach_pod` record.
-fn limit_mismatches(rec: &PodRecord, want: &Limits, policy_rate: Option<u64>) -> Vec<String> {
+/// Differences between the limits recorded for a pod and what an attach would record now
+/// (`rates`, `bursts`: the config's limits under the applied policy).
+fn limit_mismatches(
+    rec: &PodRecord,
+    rates: &abi::Rates,
+    bursts: &[u64; abi::NR_DIRS],
+    names: &[Option<String>],
+) -> Vec<String> {
     let m = &rec.meta;
-    let frame = rec.frame();
-    let burst = |rate: Option<u64>, bits: Option<u64>| {
-        rate.map_or(0, |r| Shape::new(r, bits, frame).burst_bytes)
+    let show = |v: u64, unit: &str| {
+        if v == 0 {
+            "none".to_owned()
+        } else {
+            format!("{v} {unit}")
+        }
     };
-    let from_policy = want.internet_egress_rate.is_none();
-    let internet = match (want.internet_egress_rate.or(policy_rate), want.egress_rate) {
-        (Some(i), Some(e)) => i.min(e),
-        (i, _) => i.unwrap_or(0),
-    };
-    let rows = [
-        (
-            "ingress rate",
-            m.ingress_rate,
-            want.ingress_rate.unwrap_or(0),
-            "bit/s",
-        ),
-        (
-            "ingress burst",
-            m.ingress_burst,
-            burst(want.ingress_rate, want.ingress_burst),
-            "bytes",
-        ),
-        (
-            "egress rate",
-            m.egress_rate,
-            want.egress_rate.unwrap_or(0),
-            "bit/s",
-        ),
-        (
-            "egress burst",
-            m.egress_burst,
-            burst(want.egress_rate, want.egress_burst),
-            "bytes",
-        ),
-        (
-            "internet-egress rate",
-            m.internet_egress_rate,
-            internet,
-            "bit/s",
-        ),
-    ];
     let mut p = Vec::new();
-    for (what, have, want, unit) in rows {
+    for dir in abi::Direction::ALL {
+        for kind in 0..abi::NR_KINDS {
+            let (have, want) = (
+                m.limits.rate[dir.index()][kind],
+                rates.rate[dir.index()][kind],
+            );
+            if have != want {
+                let what = match kind {
+                    abi::KIND_TOTAL => dir.name().to_owned(),
+                    abi::KIND_INTERNET => format!("internet-{}", dir.name()),
+                    k => format!(
+                        "{} {}",
+                        names
+                            .get(k - abi::KIND_NAMED)
+                            .cloned()
+                            .flatten()
+                            .unwrap_or_else(|| format!("class{}", k - abi::KIND_NAMED)),
+                        dir.name()
+                    ),
+                };
+                p.push(format!(
+                    "datapath {what} rate is {}, the config and policy ask for {}",
+                    show(have, "bit/s"),
+                    show(want, "bit/s")
+                ));
+            }
+        }
+        let (have, want) = (m.burst[dir.index()], bursts[dir.index()]);
         if have != want {
-            let show = |v: u64| {
-                if v == 0 {
-                    "none".to_owned()
-                } else {
-                    format!("{v} {unit}")
-                }
-            };
             p.push(format!(
-                "datapath {what} is {}, the config asks for {}",
-                show(have),
-                show(want)
+                "datapath {} burst is {}, the config asks for {}",
+                dir.name(),
+                show(have, "bytes"),
+                show(want, "bytes")
             ));
         }
-    }
-    let have_from_policy = m.flags & abi::META_INTERNET_FROM_POLICY != 0;
-    if have_from_policy != from_policy {
-        p.push(format!(
-            "datapath internet-egress limit comes from {}, the config says {}",
-            if have_from_policy {
-                "node policy"
-            } else {
-                "the pod"
-            },
-            if from_policy {
-                "node policy"
-            } else {
-                "the pod's annotation"
-            }
-        ));
     }
     p
 }

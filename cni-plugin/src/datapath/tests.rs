@@ -141,36 +141,35 @@ fn identity_falls_back_to_the_container_id() {
 }
 
 #[test]
-fn limit_mismatches_follow_attach_rules() {
-    let want = Limits {
-        egress_rate: Some(20_000_000),
-        egress_burst: Some(4_294_967_295),
-        internet_egress_rate: Some(50_000_000),
-        ..Default::default()
-    };
-    let meta = abi::PodMeta {
+fn limit_mismatches_name_each_limit() {
+    let mut meta = abi::PodMeta {
         flags: abi::META_IN_USE,
-        egress_rate: 20_000_000,
-        egress_burst: Shape::new(20_000_000, None, abi::MIN_FRAME).burst_bytes,
-        // Capped at the total egress rate, as attach_pod records it.
-        internet_egress_rate: 20_000_000,
         ..Default::default()
     };
+    meta.limits
+        .set(abi::Direction::Egress, abi::KIND_TOTAL, Some(20_000_000));
+    meta.limits.set(
+        abi::Direction::Ingress,
+        abi::KIND_NAMED + 1,
+        Some(5_000_000),
+    );
+    meta.burst[abi::DIR_EGRESS] = 25_000;
     let rec = PodRecord {
         slot: 3,
         meta,
         counters: Default::default(),
     };
-    assert!(limit_mismatches(&rec, &want, None).is_empty());
-    let p = limit_mismatches(&rec, &Limits::default(), Some(5_000_000));
-    assert!(
-        p.iter()
-            .any(|s| s.contains("egress rate is 20000000 bit/s, the config asks for none")),
-        "{p:?}"
-    );
-    assert!(
-        p.iter().any(|s| s.contains("internet-egress rate")),
-        "{p:?}"
-    );
-    assert!(p.iter().any(|s| s.contains("node policy")), "{p:?}");
+    let names = vec![None, Some("mirrors".to_owned())];
+    assert!(limit_mismatches(&rec, &meta.limits, &meta.burst, &names).is_empty());
+    let mut want = abi::Rates::default();
+    want.set(abi::Direction::Egress, abi::KIND_INTERNET, Some(1_000_000));
+    let p = limit_mismatches(&rec, &want, &[0, 0], &names);
+    for needle in [
+        "datapath egress rate is 20000000 bit/s, the config and policy ask for none",
+        "datapath internet-egress rate is none, the config and policy ask for 1000000 bit/s",
+        "datapath mirrors ingress rate is 5000000 bit/s",
+        "datapath egress burst is 25000 bytes, the config asks for none",
+    ] {
+        assert!(p.iter().any(|s| s.contains(needle)), "{needle}: {p:?}");
+    }
 }

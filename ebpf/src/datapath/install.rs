@@ -25,7 +25,7 @@ use super::{
 use crate::{
     abi, datapath_object,
     error::DatapathError,
-    htb::pod_egress_classes,
+    htb::pod_classes,
     maps,
     netlink::{
         clsact::{self, FilterMode, Hook},
@@ -148,7 +148,7 @@ impl Datapath {
                         Some(p) => p,
                         None => live.insert(live_pods(&pins)?),
                     };
-                    report.relinked += refilter(name, prog, pods)?;
+                    report.relinked += refilter(name, prog, pods, &pins)?;
                     std::fs::remove_file(&path)
                         .map_err(|e| DatapathError::io("unpin", &path, e))?;
                     prog.pin(&path).map_err(|source| DatapathError::Pin {
@@ -215,6 +215,7 @@ fn link_name(prog: &str) -> &'static str {
         programs::HOST_INGRESS => "host_ingress",
         programs::HOST_EGRESS => "host_egress",
         programs::POD_EGRESS => "pod_egress",
+        programs::UPLINK_IN => "uplink_in",
         _ => "uplink",
     }
 }
@@ -290,6 +291,7 @@ fn refilter(
     name: &str,
     prog: &SchedClassifier,
     pods: &[(u32, abi::PodMeta)],
+    pins: &PinPaths,
 ) -> Result<usize, DatapathError> {
     use std::os::fd::AsFd;
 
@@ -331,7 +333,7 @@ fn refilter(
         }
         programs::POD_EGRESS => {
             for (slot, m) in pods {
-                if m.pod_ifindex == 0 || pod_egress_classes(m).is_none() {
+                if m.pod_ifindex == 0 || pod_classes(m, abi::Direction::Egress).is_none() {
                     continue;
                 }
                 let ns = PathBuf::from(abi::cstr(&m.netns));
@@ -365,7 +367,48 @@ fn refilter(
                 }
             }
         }
+        programs::NS_GATE | programs::NS_CLASSIFY => {
+            // Classic filters carry their actions: they are put again whole, with the new
+            // program, wherever they are.
+            let ns_in = ns_in_device(pins)?;
+            if ns_in == 0 {
+                return Ok(0);
+            }
+            let mut rt = Rtnl::new()?;
+            if name == programs::NS_CLASSIFY {
+                rt.set_qdisc_filter(
+                    ns_in,
+                    crate::netlink::handle(abi::HTB_MAJOR, 0),
+                    fd,
+                    name,
+                    crate::netlink::handle(abi::HTB_MAJOR, 0),
+                )?;
+                return Ok(1);
+            }
+            for (_, m) in pods
+                .iter()
+                .filter(|(_, m)| m.flags & abi::META_NS_GATE != 0)
+            {
+                let host = abi::cstr(&m.host_ifname);
+                if nix::net::if_::if_nametoindex(host.as_str()) != Ok(m.host_ifindex) {
+                    continue;
+                }
+                rt.set_gate_filter(m.host_ifindex, Hook::Egress, fd, name, ns_in)?;
+                n += 1;
+            }
+        }
         _ => {}
     }
     Ok(n)
+}
+
+/// The namespaces' download device the applied policy uses (0: none).
+fn ns_in_device(pins: &PinPaths) -> Result<u32, DatapathError> {
+    let data = MapData::from_pin(pins.map(maps::CONFIG))
+        .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
+    let cfg: Array<MapData, abi::Config> = typed(maps::CONFIG, Map::Array(data))?;
+    Ok(cfg
+        .get(&0, 0)
+        .map_err(|e| DatapathError::map(maps::CONFIG, e))?
+        .ns_in_ifindex)
 }

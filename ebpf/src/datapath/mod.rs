@@ -48,7 +48,13 @@ pub struct Datapath {
     pub(crate) counters: PerCpuArray<MapData, abi::PodCounters>,
     pub(crate) node_counters: PerCpuArray<MapData, abi::NodeCounters>,
     pub(crate) meta: Array<MapData, abi::PodMeta>,
-    pub(crate) ns_rates: HashMap<MapData, abi::NsKey, abi::NsRate>,
+    /// The policy's pod-level and namespace-level limits by namespace ("" = the default).
+    pub(crate) policy: HashMap<MapData, abi::NsKey, abi::NsPolicy>,
+    /// The node's and the namespaces' aggregates.
+    pub(crate) entities: Array<MapData, abi::Entity>,
+    pub(crate) entity_ids: HashMap<MapData, abi::NsKey, u32>,
+    /// The named classes' names by index.
+    pub(crate) classes: Array<MapData, abi::ClassName>,
     /// The programs' queue model; reset per slot on attach.
     pub(crate) vqueue: Array<MapData, abi::VQueue>,
     /// Attachment key -> slot.
@@ -86,13 +92,16 @@ impl Datapath {
         let counters = typed(maps::COUNTERS, Map::PerCpuArray(next()))?;
         let node_counters = typed(maps::NODE_COUNTERS, Map::PerCpuArray(next()))?;
         let meta = typed(maps::POD_META, Map::Array(next()))?;
-        let ns_rates = typed(maps::NS_RATES, Map::HashMap(next()))?;
         let vqueue = typed(maps::VQUEUE, Map::Array(next()))?;
         // an_flows and an_conns belong to the programs.
         let _flows = next();
         let _conns = next();
         let prefixes6 = typed(maps::PREFIXES6, Map::LpmTrie(next()))?;
         let pod_ips6 = typed(maps::POD_IPS6, Map::HashMap(next()))?;
+        let policy = typed(maps::POLICY, Map::HashMap(next()))?;
+        let entities = typed(maps::ENTITIES, Map::Array(next()))?;
+        let entity_ids = typed(maps::ENTITY_IDS, Map::HashMap(next()))?;
+        let classes = typed(maps::CLASSES, Map::Array(next()))?;
         let index = index::open_or_create(&pins, &meta)?;
         let dp = Self {
             prefixes,
@@ -104,7 +113,10 @@ impl Datapath {
             counters,
             node_counters,
             meta,
-            ns_rates,
+            policy,
+            entities,
+            entity_ids,
+            classes,
             vqueue,
             index,
             pins,
@@ -143,34 +155,95 @@ impl Datapath {
             .map_err(|e| DatapathError::map(maps::CONFIG, e))
     }
 
-    /// Internet-egress rate the applied policy gives a pod of `namespace` (`None` = unlimited).
-    pub fn policy_internet_rate(&self, namespace: &str) -> Result<Option<u64>, DatapathError> {
-        if let Some(key) = abi::NsKey::new(namespace) {
-            match self.ns_rates.get(&key, 0) {
-                Ok(r) => return Ok((r.internet_rate != 0).then_some(r.internet_rate)),
+    /// The applied policy's pod-level and namespace-level limits for a pod of `namespace`:
+    /// its own entry, else the default one, else none.
+    pub fn ns_policy(&self, namespace: &str) -> Result<abi::NsPolicy, DatapathError> {
+        for key in abi::NsKey::new(namespace)
+            .into_iter()
+            .chain([abi::NsKey::DEFAULT])
+        {
+            match self.policy.get(&key, 0) {
+                Ok(p) => return Ok(p),
                 Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(DatapathError::map(maps::NS_RATES, e)),
+                Err(e) => return Err(DatapathError::map(maps::POLICY, e)),
             }
         }
-        let d = self.config()?.default_internet_rate;
-        Ok((d != 0).then_some(d))
+        Ok(abi::NsPolicy::default())
     }
 
-    /// Sum over CPUs of the node-wide cap counters.
-    pub fn node_counters(&self) -> Result<abi::Counter, DatapathError> {
+    /// The aggregate of `namespace` on this node, if it has one (it has namespace limits and
+    /// pods here).
+    pub fn entity_of(&self, namespace: &str) -> Result<Option<u32>, DatapathError> {
+        let Some(key) = abi::NsKey::new(namespace) else {
+            return Ok(None);
+        };
+        match self.entity_ids.get(&key, 0) {
+            Ok(e) if e != abi::NODE_ENTITY && e < abi::MAX_ENTITIES => Ok(Some(e)),
+            Ok(_) => Ok(None),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(DatapathError::map(maps::ENTITY_IDS, e)),
+        }
+    }
+
+    /// The record of aggregate `entity` (the node is [`abi::NODE_ENTITY`]).
+    pub fn entity(&self, entity: u32) -> Result<abi::Entity, DatapathError> {
+        self.entities
+            .get(&entity, 0)
+            .map_err(|e| DatapathError::map(maps::ENTITIES, e))
+    }
+
+    /// The names of the named classes by index (`None` for an unused index).
+    pub fn class_names(&self) -> Result<Vec<Option<String>>, DatapathError> {
+        (0..abi::MAX_NAMED as u32)
+            .map(|k| {
+                let c = self
+                    .classes
+                    .get(&k, 0)
+                    .map_err(|e| DatapathError::map(maps::CLASSES, e))?;
+                Ok(Some(abi::cstr(&c.name)).filter(|n| !n.is_empty()))
+            })
+            .collect()
+    }
+
+    /// The name a counted class carries in metrics and tools: the fixed names, and the named
+    /// classes' from `an_classes` (`class<k>` for an index that has none now).
+    pub fn class_label(names: &[Option<String>], class: abi::Class) -> String {
+        match class {
+            abi::Class::Named(k) => names
+                .get(usize::from(k))
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| format!("class{k}")),
+            c => c.fixed_name().unwrap_or("other").to_owned(),
+        }
+    }
+
+    /// Tells shaperd that the set of attached pods changed (it reconciles the aggregates).
+    pub(crate) fn bump_pods_epoch(&mut self) -> Result<(), DatapathError> {
+        let mut cfg = self.config()?;
+        cfg.pods_epoch = cfg.pods_epoch.wrapping_add(1);
+        self.config
+            .set(0, cfg, 0)
+            .map_err(|e| DatapathError::map(maps::CONFIG, e))
+    }
+
+    /// Sum over CPUs of what the uplink programs put into the node's limits, by direction.
+    pub fn node_counters(&self) -> Result<[abi::Counter; abi::NR_DIRS], DatapathError> {
         let v = self
             .node_counters
             .get(&0, 0)
             .map_err(|e| DatapathError::map(maps::NODE_COUNTERS, e))?;
-        let mut total = abi::Counter::default();
+        let mut total = [abi::Counter::default(); abi::NR_DIRS];
         for c in v.iter() {
-            total += c.capped;
+            for (t, s) in total.iter_mut().zip(c.staged.iter()) {
+                *t += *s;
+            }
         }
         Ok(total)
     }
 
     /// The classifier's prefixes of the active generation, both families (IPv4 first), as
-    /// `(prefix, len, class)`.
+    /// `(prefix, len, class)` (`abi::CLASS_*`, a named class's as `CLASS_NAMED + k`).
     pub fn active_prefixes(&self) -> Result<Vec<(IpAddr, u8, u32)>, DatapathError> {
         let gen = self.config()?.active_gen;
         let mut out = Vec::new();

@@ -34,6 +34,10 @@ impl PinPaths {
     pub fn uplink_link(&self) -> PathBuf {
         self.root.join("node").join("uplink")
     }
+    /// The TCX link of the uplink's ingress program (node download limits).
+    pub fn uplink_in_link(&self) -> PathBuf {
+        self.root.join("node").join("uplink_in")
+    }
 }
 
 /// Exclusive lock on the pin root, released when the descriptor closes on drop.

@@ -39,18 +39,30 @@ use std::{
     path::Path,
 };
 
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
+use netlink_packet_core::{
+    DefaultNla, Emitable, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
+};
 use netlink_packet_route::{
-    tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
+    tc::{
+        TcAction, TcActionAttribute, TcActionMirrorOption, TcActionOption, TcActionType,
+        TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcMirror,
+        TcMirrorActionType, TcOption,
+    },
     RouteNetlinkMessage,
 };
 
-use super::{NetlinkError, Rtnl};
+use super::{tc::NLA_F_NESTED, NetlinkError, Rtnl};
 
 /// Priority of our filters on every per-pod hook (lower runs first; 1 is the first).
 pub const FILTER_PRIO: u16 = 1;
 /// Handle of our filter within that priority.
 pub const FILTER_HANDLE: u32 = 1;
+
+/// Priority of the gate filter on a host veth's egress, after ours (see
+/// [`Rtnl::set_gate_filter`]).
+pub const GATE_PRIO: u16 = 2;
+/// `TCA_BPF_ACT`: the actions of a classic (not direct-action) cls_bpf filter.
+const TCA_BPF_ACT: u16 = 1;
 
 /// `ETH_P_ALL`: the filters see every protocol (the programs class what is neither IPv4 nor IPv6 as "other").
 const ETH_P_ALL: u16 = 0x0003;
@@ -109,8 +121,12 @@ pub struct BpfFilter {
 }
 
 fn filter_message(ifindex: u32, hook: Hook, prio: u16, handle: u32) -> TcMessage {
+    filter_message_at(ifindex, hook.parent(), prio, handle)
+}
+
+fn filter_message_at(ifindex: u32, parent: TcHandle, prio: u16, handle: u32) -> TcMessage {
     let mut m = TcMessage::with_index(ifindex as i32);
-    m.header.parent = hook.parent();
+    m.header.parent = parent;
     m.header.handle = TcHandle::from(handle);
     // tcm_info = TC_H_MAKE(prio << 16, htons(protocol)).
     m.header.info = (u32::from(prio) << 16) | u32::from(ETH_P_ALL.to_be());
@@ -243,6 +259,100 @@ impl Rtnl {
                 "attach {name} to ifindex {ifindex} {} (cls_bpf)",
                 hook.name()
             ),
+        )?;
+        Ok(())
+    }
+
+    /// Puts program `prog` as a classic cls_bpf filter at [`GATE_PRIO`] on `hook` of
+    /// `ifindex` with a mirred action that redirects what it matches to the egress of
+    /// `target`: the program returns -1 (match) or 0 (no match, the packet goes on).
+    pub fn set_gate_filter(
+        &mut self,
+        ifindex: u32,
+        hook: Hook,
+        prog: BorrowedFd<'_>,
+        name: &str,
+        target: u32,
+    ) -> Result<(), NetlinkError> {
+        let mut mirror = TcMirror::default();
+        mirror.generic.action = TcActionType::Stolen;
+        mirror.eaction = TcMirrorActionType::EgressRedir;
+        mirror.ifindex = target;
+        let mut action = TcAction::default();
+        action.tab = 1;
+        action
+            .attributes
+            .push(TcActionAttribute::Kind("mirred".to_owned()));
+        action
+            .attributes
+            .push(TcActionAttribute::Options(vec![TcActionOption::Mirror(
+                TcActionMirrorOption::Parms(mirror),
+            )]));
+        let actions = [action];
+        let mut buf = vec![0u8; actions.as_slice().buffer_len()];
+        actions.as_slice().emit(&mut buf);
+        let mut m = filter_message(ifindex, hook, GATE_PRIO, FILTER_HANDLE);
+        m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
+        m.attributes.push(TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
+            TcOption::Bpf(TcFilterBpfOption::Other(DefaultNla::new(
+                TCA_BPF_ACT | NLA_F_NESTED,
+                buf,
+            ))),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewTrafficFilter(m),
+            NLM_F_CREATE | NLM_F_REPLACE,
+            &format!(
+                "attach {name} to ifindex {ifindex} {} with a redirect to ifindex {target}",
+                hook.name()
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// Deletes the gate filter from `hook` of `ifindex`; returns whether there was one.
+    pub fn delete_gate_filter(&mut self, ifindex: u32, hook: Hook) -> Result<bool, NetlinkError> {
+        let mut m = filter_message(ifindex, hook, GATE_PRIO, FILTER_HANDLE);
+        m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
+        match self.request(
+            RouteNetlinkMessage::DelTrafficFilter(m),
+            0,
+            &format!(
+                "detach the gate filter from ifindex {ifindex} {}",
+                hook.name()
+            ),
+        ) {
+            Ok(_) => Ok(true),
+            Err(e) if is_absent(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Puts program `prog` as a direct-action cls_bpf filter on qdisc `parent` of `ifindex`
+    /// (an HTB qdisc's classifier), with classid major `classid` (the program sets the minor
+    /// in `skb->tc_classid`).
+    pub fn set_qdisc_filter(
+        &mut self,
+        ifindex: u32,
+        parent: u32,
+        prog: BorrowedFd<'_>,
+        name: &str,
+        classid: u32,
+    ) -> Result<(), NetlinkError> {
+        let mut m = filter_message_at(ifindex, TcHandle::from(parent), FILTER_PRIO, FILTER_HANDLE);
+        m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
+        m.attributes.push(TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
+            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+            TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(classid))),
+        ]));
+        self.request(
+            RouteNetlinkMessage::NewTrafficFilter(m),
+            NLM_F_CREATE | NLM_F_REPLACE,
+            &format!("attach {name} to qdisc {parent:x} of ifindex {ifindex}"),
         )?;
         Ok(())
     }

@@ -2,9 +2,9 @@
 
 use std::net::Ipv4Addr;
 
-use netlink_packet_core::NLM_F_DUMP;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
 use netlink_packet_route::{
-    link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
+    link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
     route::{RouteAddress, RouteAttribute, RouteMessage},
     AddressFamily, RouteNetlinkMessage,
 };
@@ -100,6 +100,68 @@ impl Rtnl {
             out.push(link);
         }
         Ok(out)
+    }
+
+    /// The link named `name`, if there is one.
+    pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>, NetlinkError> {
+        Ok(self.links()?.into_iter().find(|l| l.name == name))
+    }
+
+    /// Makes `name` an IFB device with `mtu`, up; returns its ifindex. An IFB of that name is
+    /// kept (its MTU set); a device of another kind is refused, as it is not ours.
+    pub fn ensure_ifb(&mut self, name: &str, mtu: u32) -> Result<u32, NetlinkError> {
+        let op = format!("create IFB device {name}");
+        let index = match self.link_by_name(name)? {
+            Some(l) if l.kind == "ifb" => l.index,
+            Some(l) => {
+                return Err(NetlinkError::Kernel {
+                    op: format!("{op}: a {} device of that name exists", l.kind),
+                    source: std::io::Error::from_raw_os_error(libc::EEXIST),
+                })
+            }
+            None => {
+                let mut m = LinkMessage::default();
+                m.attributes.push(LinkAttribute::IfName(name.to_owned()));
+                m.attributes
+                    .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Ifb)]));
+                self.request(
+                    RouteNetlinkMessage::NewLink(m),
+                    NLM_F_CREATE | NLM_F_EXCL,
+                    &op,
+                )?;
+                self.link_by_name(name)?
+                    .ok_or_else(|| NetlinkError::Decode {
+                        op: op.clone(),
+                        reason: "the new device is not listed".to_owned(),
+                    })?
+                    .index
+            }
+        };
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.header.flags = LinkFlags::Up;
+        m.header.change_mask = LinkFlags::Up;
+        m.attributes.push(LinkAttribute::Mtu(mtu));
+        self.request(
+            RouteNetlinkMessage::SetLink(m),
+            0,
+            &format!("set IFB device {name} up with MTU {mtu}"),
+        )?;
+        Ok(index)
+    }
+
+    /// Deletes link `ifindex`; a missing one is not an error.
+    pub fn delete_link(&mut self, ifindex: u32) -> Result<(), NetlinkError> {
+        let mut m = LinkMessage::default();
+        m.header.index = ifindex;
+        match self.request(
+            RouteNetlinkMessage::DelLink(m),
+            0,
+            &format!("delete link {ifindex}"),
+        ) {
+            Err(e) if matches!(e.errno(), Some(libc::ENODEV | libc::ENOENT)) => Ok(()),
+            r => r.map(|_| ()),
+        }
     }
 
     /// Output interface index of the IPv4 default route with the lowest metric.

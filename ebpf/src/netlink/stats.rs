@@ -9,8 +9,8 @@ use netlink_packet_route::{
 
 use super::{
     tc::{
-        NLA_F_NESTED, NS_PER_TICK, TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_TBF_PARMS, TCA_TBF_PRATE64,
-        TCA_TBF_RATE64,
+        NLA_F_NESTED, NS_PER_TICK, TCA_HTB_CEIL64, TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_TBF_PARMS,
+        TCA_TBF_PRATE64, TCA_TBF_RATE64,
     },
     NetlinkError, Rtnl,
 };
@@ -38,8 +38,14 @@ pub struct QueueSize {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueKind {
-    /// An HTB class: `rate` bytes/s, and the bytes its burst lets through at once.
-    HtbClass { rate: u64, burst_bytes: u64 },
+    /// An HTB class: `rate` and `ceil` bytes/s, the bytes its burst lets through at once,
+    /// its priority.
+    HtbClass {
+        rate: u64,
+        ceil: u64,
+        burst_bytes: u64,
+        prio: u32,
+    },
     /// A tbf: `rate` bytes/s, its bucket (the largest packet it passes unsegmented) and its
     /// queue limit, in bytes.
     Tbf {
@@ -147,9 +153,15 @@ fn queue_size_of(m: &TcMessage) -> Option<QueueSize> {
             if let Some((_, v)) = attrs.iter().find(|(k, _)| *k == TCA_HTB_RATE64) {
                 rate = u64_of(v)?;
             }
+            let mut ceil = u64::from(u32_at(parms, 20)?);
+            if let Some((_, v)) = attrs.iter().find(|(k, _)| *k == TCA_HTB_CEIL64) {
+                ceil = u64_of(v)?;
+            }
             QueueKind::HtbClass {
                 rate,
+                ceil,
                 burst_bytes: ticks_to_bytes(u32_at(parms, 24)?, rate),
+                prio: u32_at(parms, 40)?,
             }
         }
         "tbf" => {

@@ -18,7 +18,7 @@ pub(super) const TCA_HTB_PARMS: u16 = 1;
 const TCA_HTB_INIT: u16 = 2;
 const TCA_HTB_DIRECT_QLEN: u16 = 5;
 pub(super) const TCA_HTB_RATE64: u16 = 6;
-const TCA_HTB_CEIL64: u16 = 7;
+pub(super) const TCA_HTB_CEIL64: u16 = 7;
 pub(super) const TCA_TBF_PARMS: u16 = 1;
 pub(super) const TCA_TBF_RATE64: u16 = 4;
 pub(super) const TCA_TBF_PRATE64: u16 = 5;
@@ -118,7 +118,7 @@ fn htb_qdisc_options(defcls: u16, direct_qlen: u32) -> Vec<u8> {
     opts
 }
 
-fn tc_message(ifindex: u32, handle: u32, parent: u32) -> TcMessage {
+pub(super) fn tc_message(ifindex: u32, handle: u32, parent: u32) -> TcMessage {
     let mut m = TcMessage::with_index(ifindex as i32);
     m.header.handle = TcHandle::from(handle);
     m.header.parent = TcHandle::from(parent);

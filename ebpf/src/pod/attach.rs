@@ -1,25 +1,24 @@
 //! ADD: record the pod in the maps under a free slot, put the programs on its host veth,
-//! and its shaping classes on the host veth and (for egress limits) on its interface.
+//! and its own limits' classes on the host veth and (for egress limits) on its interface.
 
 use std::{
-    os::fd::AsFd,
+    os::{fd::AsFd, unix::fs::MetadataExt},
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use aya::maps::PerCpuValues;
 use tracing::{info, warn};
 
-use super::{fixed, ifindex, AttachedPod, PodAttachment, Teardown};
+use super::{effective, fixed, ifindex, AttachedPod, PodAttachment, Teardown};
 use crate::{
-    abi,
-    abi::PodKey,
+    abi::{self, Direction, PodKey},
     datapath::{index, pins::PinPaths, Datapath},
     error::DatapathError,
-    htb::{host_ingress_classes, install_htb, pod_egress_classes, Sender, HTB_MAJOR},
+    htb::{install_htb, pod_classes, Sender, HTB_MAJOR},
     maps,
     netlink::{
         clsact::{self, FilterMode, Hook},
-        handle, Rtnl,
+        Rtnl,
     },
     netns, programs,
     shape::Shape,
@@ -48,7 +47,36 @@ fn attach_filter(
     Ok(())
 }
 
-/// Pod side, run inside the pod netns: egress qdisc and class-selecting program, or their
+/// Puts the gate to the namespaces' download device (`target`) on the host veth's egress,
+/// after `an_host_egress` (see `an_ns_gate`).
+pub(crate) fn attach_gate(
+    rt: &mut Rtnl,
+    pins: &PinPaths,
+    ifindex: u32,
+    target: u32,
+) -> Result<(), DatapathError> {
+    let path = pins.prog(programs::NS_GATE);
+    let prog = clsact::open_pinned(&path).map_err(|e| DatapathError::io("open", &path, e))?;
+    rt.set_gate_filter(
+        ifindex,
+        Hook::Egress,
+        prog.as_fd(),
+        programs::NS_GATE,
+        target,
+    )?;
+    Ok(())
+}
+
+/// The leaf unclassified traffic takes on a pod's device: the bulk leaf of its total limit,
+/// else HTB's direct queue.
+fn default_leaf(meta: &abi::PodMeta, dir: Direction) -> u16 {
+    match meta.limit(dir, abi::KIND_TOTAL) {
+        Some(_) => (abi::pod_class(abi::KIND_TOTAL) + abi::LEAF_BULK) as u16,
+        None => 0,
+    }
+}
+
+/// Pod side, run inside the pod netns: egress qdisc and leaf-selecting program, or their
 /// removal when the pod has no egress limit. Returns the pod interface's ifindex, 0 when
 /// nothing is installed on it. The program's filter carries `slot` in its classid: in the
 /// pod netns that is how the program knows its pod (never by the source address).
@@ -61,15 +89,16 @@ pub(crate) fn reconcile_pod_side(
     let ifname = abi::cstr(&meta.ifname);
     let pod_ifindex = ifindex(&ifname)?;
     let mut rt = Rtnl::new()?;
-    match pod_egress_classes(meta) {
+    match pod_classes(meta, Direction::Egress) {
         None => {
             rt.detach_filters(pod_ifindex, &[Hook::Egress])?;
             rt.delete_root_htb(pod_ifindex, HTB_MAJOR)?;
             Ok(0)
         }
         Some(classes) => {
+            let defcls = default_leaf(meta, Direction::Egress);
             let mut apply = || {
-                install_htb(&mut rt, pod_ifindex, 0, &classes, fresh, Sender::Local)?;
+                install_htb(&mut rt, pod_ifindex, defcls, &classes, fresh, Sender::Local)?;
                 rt.ensure_clsact(pod_ifindex)?;
                 attach_filter(
                     &mut rt,
@@ -93,6 +122,28 @@ pub(crate) fn reconcile_pod_side(
                     Err(e)
                 }
             }
+        }
+    }
+}
+
+/// Host side of a pod's own download limits: the classes on its host veth, or none.
+pub(crate) fn reconcile_host_side(
+    rt: &mut Rtnl,
+    meta: &abi::PodMeta,
+    fresh: bool,
+) -> Result<(), DatapathError> {
+    match pod_classes(meta, Direction::Ingress) {
+        Some(classes) => install_htb(
+            rt,
+            meta.host_ifindex,
+            default_leaf(meta, Direction::Ingress),
+            &classes,
+            fresh,
+            Sender::Forwarded,
+        ),
+        None => {
+            rt.delete_root_htb(meta.host_ifindex, HTB_MAJOR)?;
+            Ok(())
         }
     }
 }
@@ -152,6 +203,11 @@ impl Datapath {
                 reason: "interface names must not be empty".to_owned(),
             });
         }
+        // The namespace as it is now: later visits check that the path still names it.
+        if let Ok(st) = std::fs::metadata(&req.netns) {
+            meta.netns_dev = st.dev();
+            meta.netns_ino = st.ino();
+        }
         let host_ifindex = ifindex(&req.host_ifname)?;
         meta.host_ifindex = host_ifindex;
         // Every size of the pod's shaping points derives from its veth's frame (the plugin
@@ -159,34 +215,17 @@ impl Datapath {
         let sizes = Rtnl::new()?.link_sizes(host_ifindex)?;
         meta.frame = u32::try_from(sizes.frame()).unwrap_or(u32::MAX);
         meta.gso_max = u32::try_from(sizes.aggregate_max()).unwrap_or(u32::MAX);
-        let frame = sizes.frame();
         let key = PodKey::of(&meta);
-
-        let lim = &req.limits;
-        if let Some(r) = lim.ingress_rate {
-            meta.ingress_rate = r;
-            meta.ingress_burst = Shape::new(r, lim.ingress_burst, frame).burst_bytes;
-        }
-        if let Some(r) = lim.egress_rate {
-            meta.egress_rate = r;
-            meta.egress_burst = Shape::new(r, lim.egress_burst, frame).burst_bytes;
-        }
-        let internet = match lim.internet_egress_rate {
-            Some(r) => Some(r),
-            None => {
-                meta.flags |= abi::META_INTERNET_FROM_POLICY;
-                self.policy_internet_rate(&id.namespace)?
-            }
-        };
-        meta.internet_egress_rate = match (internet, lim.egress_rate) {
-            (Some(i), Some(e)) => i.min(e),
-            (i, _) => i.unwrap_or(0),
-        };
+        effective::record_own(&mut meta, &req.limits);
         meta.attached_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
 
         let _lock = self.lock()?;
+        // Under the lock: the policy and the namespace's aggregate as shaperd last wrote them.
+        let policy = self.ns_policy(&id.namespace)?;
+        effective::apply(&mut meta, &policy.pod);
+        meta.entity = self.entity_of(&id.namespace)?.unwrap_or(0);
         let mut previous = Vec::new();
         if let Some(p) = self.find(&key)? {
             previous.push(p);
@@ -203,6 +242,7 @@ impl Datapath {
         let slot = self.free_slot(&key)?;
         match self.attach_slot(slot, &key, &mut meta, req) {
             Ok(attached) => {
+                self.bump_pods_epoch()?;
                 info!(
                     slot,
                     pod = %format!("{}/{}", id.namespace, id.name),
@@ -237,12 +277,24 @@ impl Datapath {
         self.counters
             .set(slot, zero, 0)
             .map_err(|e| DatapathError::map(maps::COUNTERS, e))?;
-        // The previous occupant's modelled queue (a drain time up to a leaf's depth ahead, its
-        // CE and drop counts) must not carry over to this pod.
-        for class in 0..abi::VQ_PER_POD {
-            self.vqueue
-                .set(slot * abi::VQ_PER_POD + class, abi::VQueue::default(), 0)
-                .map_err(|e| DatapathError::map(maps::VQUEUE, e))?;
+        // The previous occupant's modelled queues (a drain time up to a leaf's depth ahead,
+        // CE and drop counts) must not carry over to this pod's limits.
+        for dir in Direction::ALL {
+            for kind in (0..abi::NR_KINDS).filter(|k| meta.limit(dir, *k).is_some()) {
+                let mut idx = vec![abi::vq_pod(slot, dir.index(), kind)];
+                if dir == Direction::Egress {
+                    idx.push(abi::vq_pod(slot, abi::VQ_POLICE, kind));
+                }
+                for i in idx {
+                    self.vqueue
+                        .set(i, abi::VQueue::default(), 0)
+                        .map_err(|e| DatapathError::map(maps::VQUEUE, e))?;
+                }
+            }
+        }
+        let ns_in = self.config()?.ns_in_ifindex;
+        if ns_in != 0 {
+            meta.flags |= abi::META_NS_GATE;
         }
         self.meta
             .set(slot, *meta, 0)
@@ -252,11 +304,7 @@ impl Datapath {
                 meta.host_ifindex,
                 abi::Pod {
                     slot,
-                    flags: if meta.ingress_rate != 0 {
-                        abi::POD_INGRESS_LIMIT
-                    } else {
-                        0
-                    },
+                    flags: 0,
                     ipv4: meta.ipv4,
                     reserved: 0,
                     ipv6: meta.ipv6,
@@ -294,23 +342,13 @@ impl Datapath {
             programs::HOST_EGRESS,
             None,
         )?;
-        if let Some(classes) = host_ingress_classes(meta) {
-            // Without the program's choice (not attached yet) traffic takes the bulk leaf.
-            let defcls = (abi::CLASSID_POD_INGRESS + abi::LEAF_BULK) as u16;
-            install_htb(
-                &mut rt,
-                meta.host_ifindex,
-                defcls,
-                &classes,
-                true,
-                Sender::Forwarded,
-            )?;
-        } else {
-            rt.delete_root_htb(meta.host_ifindex, HTB_MAJOR)?;
+        if ns_in != 0 {
+            attach_gate(&mut rt, &self.pins, meta.host_ifindex, ns_in)?;
         }
+        reconcile_host_side(&mut rt, meta, true)?;
 
         // Pod side, only for egress limits: entering the netns is the costliest step left.
-        if pod_egress_classes(meta).is_some() {
+        if pod_classes(meta, Direction::Egress).is_some() {
             let pins = self.pins.clone();
             let pod_meta = *meta;
             meta.pod_ifindex = netns::run_in(&req.netns, || {
@@ -320,24 +358,30 @@ impl Datapath {
                 .set(slot, *meta, 0)
                 .map_err(|e| DatapathError::map(maps::POD_META, e))?;
         }
+        Ok(attached(slot, meta))
+    }
+}
 
-        let classes = pod_egress_classes(meta);
-        let internet_egress = classes
-            .as_ref()
-            .and_then(|c| c.iter().find(|c| c.classid == abi::CLASSID_POD_INTERNET))
-            .map(|c| c.ceil);
-        let egress = classes
-            .as_ref()
-            .and_then(|c| c.iter().find(|c| c.classid == handle(HTB_MAJOR, 1)))
-            .map(|c| c.ceil);
-        Ok(AttachedPod {
-            slot,
-            host_ifindex: meta.host_ifindex,
-            pod_ifindex: meta.pod_ifindex,
-            ingress: host_ingress_classes(meta).map(|c| c[0].ceil),
-            egress,
-            internet_egress,
-            internet_from_policy: meta.flags & abi::META_INTERNET_FROM_POLICY != 0,
+/// What `meta` has applied for the pod at `slot`.
+pub(crate) fn attached(slot: u32, meta: &abi::PodMeta) -> AttachedPod {
+    let frame = crate::htb::meta_frame(meta);
+    let shape = |dir: Direction, kind: usize| {
+        meta.limit(dir, kind).map(|r| {
+            let burst = (kind == abi::KIND_TOTAL)
+                .then(|| meta.burst[dir.index()].saturating_mul(8))
+                .filter(|b| *b != 0);
+            Shape::new(r, burst, frame)
         })
+    };
+    AttachedPod {
+        slot,
+        host_ifindex: meta.host_ifindex,
+        pod_ifindex: meta.pod_ifindex,
+        ingress: shape(Direction::Ingress, abi::KIND_TOTAL),
+        egress: shape(Direction::Egress, abi::KIND_TOTAL),
+        internet_egress: shape(Direction::Egress, abi::KIND_INTERNET),
+        internet_ingress: shape(Direction::Ingress, abi::KIND_INTERNET),
+        limits: meta.limits,
+        entity: meta.entity,
     }
 }

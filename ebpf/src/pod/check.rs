@@ -5,12 +5,12 @@ use std::path::PathBuf;
 
 use super::{ifindex, HookState, PodHooks, PodRecord, QdiscState, ShapingStats};
 use crate::{
-    abi,
+    abi::{self, Direction},
     datapath::{sum_counters, Datapath},
     error::DatapathError,
-    htb::{leaves_stats, pod_egress_classes},
+    htb::{leaves_stats, pod_classes},
     maps,
-    netlink::{Hook, Rtnl},
+    netlink::{clsact::GATE_PRIO, Hook, Rtnl},
     netns, programs,
 };
 
@@ -32,6 +32,29 @@ fn hook_state(rt: &mut Rtnl, ifindex: u32, hook: Hook, prog: &str, classid: u32)
     }
 }
 
+/// The gate's state on the host veth's egress of `ifindex` (a classic filter: not direct
+/// action).
+fn gate_state(rt: &mut Rtnl, ifindex: u32) -> HookState {
+    match rt.filters(ifindex, Hook::Egress) {
+        Ok(f) => match f
+            .iter()
+            .find(|f| f.prio == GATE_PRIO && f.name == programs::NS_GATE)
+        {
+            Some(f) => HookState::Attached { prog_id: f.prog_id },
+            None => HookState::Missing,
+        },
+        Err(e) => HookState::Unknown(e.to_string()),
+    }
+}
+
+/// Whether the HTB of the limits `meta` records for `dir` is on a device whose qdisc
+/// statistics are `q`: the two leaves of every limit.
+fn has_limits(meta: &abi::PodMeta, dir: Direction, q: &[crate::netlink::TcStats]) -> bool {
+    (0..abi::NR_KINDS)
+        .filter(|k| meta.limit(dir, *k).is_some())
+        .all(|k| leaves_stats(q, abi::classid(abi::pod_class(k))).is_some())
+}
+
 impl Datapath {
     /// Whether each of the pod's programs is attached where it should be: the host veth
     /// (in the calling thread's netns) and, for a pod with egress limits, its interface in
@@ -40,12 +63,13 @@ impl Datapath {
         let host = rec.host_ifname();
         let host_alive =
             nix::net::if_::if_nametoindex(host.as_str()).is_ok_and(|i| i == rec.meta.host_ifindex);
-        let (host_ingress, host_egress) = if !host_alive {
+        let gated = rec.meta.flags & abi::META_NS_GATE != 0;
+        let (host_ingress, host_egress, ns_gate) = if !host_alive {
             let gone = HookState::Unknown(format!(
                 "host veth {host} (ifindex {}) is gone",
                 rec.meta.host_ifindex
             ));
-            (gone.clone(), gone)
+            (gone.clone(), gone.clone(), gone)
         } else {
             match Rtnl::new() {
                 Ok(mut rt) => {
@@ -53,21 +77,27 @@ impl Datapath {
                     (
                         hook_state(&mut rt, ifx, Hook::Ingress, programs::HOST_INGRESS, 0),
                         hook_state(&mut rt, ifx, Hook::Egress, programs::HOST_EGRESS, 0),
+                        if gated {
+                            gate_state(&mut rt, ifx)
+                        } else {
+                            HookState::NotNeeded
+                        },
                     )
                 }
                 Err(e) => (
+                    HookState::Unknown(e.to_string()),
                     HookState::Unknown(e.to_string()),
                     HookState::Unknown(e.to_string()),
                 ),
             }
         };
         let unknown = |why: String| (HookState::Unknown(why.clone()), QdiscState::Unknown(why));
-        let (pod_egress, pod_htb) = if pod_egress_classes(&rec.meta).is_none() {
+        let (pod_egress, pod_htb) = if pod_classes(&rec.meta, Direction::Egress).is_none() {
             (HookState::NotNeeded, QdiscState::NotNeeded)
         } else {
             let ns = PathBuf::from(abi::cstr(&rec.meta.netns));
             let ifname = rec.ifname();
-            let total = rec.meta.egress_rate != 0;
+            let meta = rec.meta;
             match netns::run_in(&ns, || {
                 let i = ifindex(&ifname)?;
                 let mut rt = Rtnl::new()?;
@@ -78,14 +108,8 @@ impl Datapath {
                     programs::POD_EGRESS,
                     abi::pod_filter_classid(rec.slot),
                 );
-                // The internet class is always there; the other class with a total limit.
                 let htb = match rt.qdisc_stats(i) {
-                    Ok(q)
-                        if leaves_stats(&q, abi::CLASSID_POD_INTERNET).is_some()
-                            && (!total || leaves_stats(&q, abi::CLASSID_POD_OTHER).is_some()) =>
-                    {
-                        QdiscState::Present
-                    }
+                    Ok(q) if has_limits(&meta, Direction::Egress, &q) => QdiscState::Present,
                     Ok(_) => QdiscState::Missing,
                     Err(e) => QdiscState::Unknown(e.to_string()),
                 };
@@ -99,6 +123,7 @@ impl Datapath {
         PodHooks {
             host_ingress,
             host_egress,
+            ns_gate,
             pod_egress,
             pod_htb,
         }
@@ -113,29 +138,53 @@ impl Datapath {
         Ok(sum_counters(&v))
     }
 
-    /// The modelled queue of `slot`'s class queue `class` (`abi::VQ_INGRESS`, `VQ_EGRESS`,
-    /// `VQ_INTERNET`).
-    pub fn vqueue_of(&self, slot: u32, class: u32) -> Result<abi::VQueue, DatapathError> {
+    /// The modelled queue of `slot`'s limit of `kind` in `d` (a direction's index or
+    /// `abi::VQ_POLICE`).
+    pub fn vqueue_of(
+        &self,
+        slot: u32,
+        d: usize,
+        kind: usize,
+    ) -> Result<abi::VQueue, DatapathError> {
         self.vqueue
-            .get(&abi::vq_index(slot, class), 0)
+            .get(&abi::vq_pod(slot, d, kind), 0)
             .map_err(|e| DatapathError::map(maps::VQUEUE, e))
     }
 
-    /// Queue statistics of a pod's shaping qdiscs; enters the pod netns for the egress side.
+    /// The modelled queue of an aggregate's limit of `kind` in `dir`.
+    pub fn agg_vqueue(
+        &self,
+        entity: u32,
+        dir: Direction,
+        kind: usize,
+    ) -> Result<abi::VQueue, DatapathError> {
+        self.vqueue
+            .get(&abi::vq_agg(entity, dir.index(), kind), 0)
+            .map_err(|e| DatapathError::map(maps::VQUEUE, e))
+    }
+
+    /// Queue statistics of a pod's own shaping qdiscs; enters the pod netns for the egress
+    /// side.
     pub fn shaping_stats(&self, rec: &PodRecord) -> Result<ShapingStats, DatapathError> {
         let mut out = ShapingStats::default();
-        if rec.meta.ingress_rate != 0 {
+        let mut add = |dir: Direction, q: &[crate::netlink::TcStats]| {
+            for k in (0..abi::NR_KINDS).filter(|k| rec.meta.limit(dir, *k).is_some()) {
+                if let Some(s) = leaves_stats(q, abi::classid(abi::pod_class(k))) {
+                    out.leaves.push((dir, k, s));
+                }
+            }
+        };
+        if pod_classes(&rec.meta, Direction::Ingress).is_some() {
             let q = Rtnl::new()?.qdisc_stats(rec.meta.host_ifindex)?;
-            out.ingress = leaves_stats(&q, abi::CLASSID_POD_INGRESS);
+            add(Direction::Ingress, &q);
         }
-        if pod_egress_classes(&rec.meta).is_some() {
+        if pod_classes(&rec.meta, Direction::Egress).is_some() {
             let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
             let pod_ifindex = rec.meta.pod_ifindex;
             let q = netns::run_in(&netns, || {
                 Rtnl::new().and_then(|mut rt| rt.qdisc_stats(pod_ifindex))
             })??;
-            out.internet_egress = leaves_stats(&q, abi::CLASSID_POD_INTERNET);
-            out.other_egress = leaves_stats(&q, abi::CLASSID_POD_OTHER);
+            add(Direction::Egress, &q);
         }
         Ok(out)
     }

@@ -42,6 +42,7 @@ impl Datapath {
             return Ok(false);
         };
         self.teardown(slot, &meta, how)?;
+        self.bump_pods_epoch()?;
         info!(slot, container = container_id, ?how, "pod detached");
         Ok(true)
     }
@@ -68,6 +69,9 @@ impl Datapath {
         if fixed > 0 {
             info!(fixed, "attachment-key index repaired");
         }
+        if !removed.is_empty() {
+            self.bump_pods_epoch()?;
+        }
         Ok(removed)
     }
 
@@ -88,6 +92,7 @@ impl Datapath {
             if nix::net::if_::if_nametoindex(host.as_str()).is_ok_and(|i| i == meta.host_ifindex) {
                 let ifx = meta.host_ifindex;
                 if let Err(e) = Rtnl::new().and_then(|mut rt| {
+                    rt.delete_gate_filter(ifx, Hook::Egress)?;
                     rt.detach_filters(ifx, &[Hook::Ingress, Hook::Egress])?;
                     rt.delete_root_htb(ifx, HTB_MAJOR).map(|_| ())
                 }) {

@@ -6,18 +6,22 @@
 //! - `an_host_ingress` / `an_host_egress` run on the host veth as cls_bpf direct-action
 //!   filters in a clsact qdisc (not TCX: see `crate::netlink::clsact`); the device holds them, nothing
 //!   is pinned per pod;
-//! - ingress limit: HTB root on the host veth, one class (1:1) at the rate;
-//! - internet-egress and/or total egress limit: HTB root on the pod's eth0 (inside the pod
-//!   netns) with `an_pod_egress` (cls_bpf, clsact egress) choosing the class per packet: 1:10
-//!   internet, 1:20 the rest. Its filter's classid names the pod's slot
-//!   ([`crate::abi::pod_filter_classid`]): in the pod netns that, not the packet's source
-//!   address, is how the program knows its pod. Without a total egress limit there is no 1:20, so non-internet
-//!   traffic falls through to HTB's unshaped direct queue: internal traffic stays at line
-//!   rate. A pod without egress limits gets nothing on its eth0 (and the pod netns is not
-//!   entered at all).
-//! - every shaped class has a sparse and a bulk leaf, bounded queues both, and the programs
-//!   choose the leaf per packet ([`crate::htb::with_leaves`], `an_flows` in the ABI
-//!   header): a bulk download does not delay the pod's pings, DNS and ACKs in the same class.
+//! - the pod's own limits to it (total, internet, named classes): HTB root on the host veth
+//!   ([`crate::htb::pod_classes`]), the program choosing the leaf per packet;
+//! - its own limits from it: HTB root on the pod's eth0 (inside the pod netns) with
+//!   `an_pod_egress` (cls_bpf, clsact egress) choosing the leaf per packet. Its filter's
+//!   classid names the pod's slot ([`crate::abi::pod_filter_classid`]): in the pod netns
+//!   that, not the packet's source address, is how the program knows its pod. Traffic no
+//!   limit applies to (internal traffic of a pod with internet limits) takes HTB's unshaped
+//!   direct queue: it stays at line rate. A pod without egress limits gets nothing on its
+//!   eth0 (and the pod netns is not entered at all);
+//! - every limit has a sparse and a bulk leaf, bounded queues both, and the programs choose
+//!   the leaf per packet (`an_flows` in the ABI header): a bulk download does not delay the
+//!   pod's pings, DNS and ACKs in the same class;
+//! - its namespace's and the node's limits (aggregates) are shaped on devices all pods share
+//!   (`crate::aggregate`); the pod's record names its namespace's aggregate, and a second
+//!   filter on the host veth's egress sends traffic to the pod through its namespace's
+//!   download device when one is in use.
 //!
 //! Shaping on the pod's own eth0 means the pod's TCP sees local backpressure (TCP small
 //! queues) instead of drops, which keeps retransmits and queueing delay low. A pod with
@@ -27,6 +31,7 @@
 mod attach;
 mod check;
 mod detach;
+pub(crate) mod effective;
 mod record;
 
 use std::{
@@ -39,7 +44,7 @@ use crate::{
     shape::Shape,
 };
 
-pub(crate) use attach::reconcile_pod_side;
+pub(crate) use attach::{attach_gate, reconcile_host_side, reconcile_pod_side};
 
 /// Who the pod is. Strings are stored in the pinned maps (fixed-size fields).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,14 +81,18 @@ pub struct AttachedPod {
     pub host_ifindex: u32,
     /// The pod's interface, if anything was installed on it (egress limits); else 0.
     pub pod_ifindex: u32,
-    /// Traffic to the pod (host veth qdisc).
+    /// All traffic to the pod (host veth qdisc).
     pub ingress: Option<Shape>,
-    /// All traffic from the pod (pod eth0 qdisc, class 1:1).
+    /// All traffic from the pod (pod eth0 qdisc).
     pub egress: Option<Shape>,
-    /// Internet-bound traffic from the pod (pod eth0 qdisc, class 1:10).
+    /// Internet traffic from the pod.
     pub internet_egress: Option<Shape>,
-    /// The internet limit came from node policy (and follows policy reloads).
-    pub internet_from_policy: bool,
+    /// Internet traffic to the pod (downloads).
+    pub internet_ingress: Option<Shape>,
+    /// The pod's effective limits (its own and the policy's, the policy a ceiling).
+    pub limits: abi::Rates,
+    /// The pod's namespace aggregate on this node (`an_entities`), 0 = none.
+    pub entity: u32,
 }
 
 /// One attached pod as recorded in the maps, with its counters.
@@ -130,15 +139,30 @@ impl PodRecord {
     }
 }
 
-/// Queue statistics of a pod's shaping qdiscs (drops here are the "rate" drops).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Queue statistics of a pod's own shaping qdiscs (drops here are the "rate" drops): the
+/// two leaves of each of its limits, by direction and kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ShapingStats {
-    /// Leaf FIFO of the ingress limit (host veth).
-    pub ingress: Option<TcStats>,
-    /// Leaf FIFO of the internet class (pod eth0).
-    pub internet_egress: Option<TcStats>,
-    /// Leaf FIFO of the non-internet class, present with a total egress limit (pod eth0).
-    pub other_egress: Option<TcStats>,
+    pub leaves: Vec<(abi::Direction, usize, TcStats)>,
+}
+
+impl ShapingStats {
+    /// The leaves of the limit of `kind` in `dir`, if it has any.
+    pub fn of(&self, dir: abi::Direction, kind: usize) -> Option<TcStats> {
+        self.leaves
+            .iter()
+            .find(|(d, k, _)| *d == dir && *k == kind)
+            .map(|x| x.2)
+    }
+
+    /// Drops of every limit of `dir` together.
+    pub fn drops(&self, dir: abi::Direction) -> u64 {
+        self.leaves
+            .iter()
+            .filter(|(d, _, _)| *d == dir)
+            .map(|x| x.2.drops)
+            .sum()
+    }
 }
 
 pub(crate) fn fixed<const N: usize>(
@@ -182,7 +206,8 @@ pub enum HookState {
     /// Our filter is there with a classid other than the pod's (the pod-side program takes
     /// its slot from it, see [`crate::abi::pod_filter_classid`]).
     WrongClassid { found: u32, wanted: u32 },
-    /// The pod has no egress limit, so its interface carries no program.
+    /// The pod has no egress limit, so its interface carries no program (or the node no
+    /// namespace download limits, so its host veth no gate).
     NotNeeded,
     /// Could not be checked (device or netns gone, netlink refused).
     Unknown(String),
@@ -213,13 +238,15 @@ impl QdiscState {
     }
 }
 
-/// The state of a pod's three program hooks ([`Datapath::hooks_of`]).
+/// The state of a pod's program hooks ([`Datapath::hooks_of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodHooks {
     /// `an_host_ingress` on the host veth's ingress.
     pub host_ingress: HookState,
     /// `an_host_egress` on the host veth's egress.
     pub host_egress: HookState,
+    /// `an_ns_gate` on the host veth's egress, while namespaces' download limits are in use.
+    pub ns_gate: HookState,
     /// `an_pod_egress` on the pod interface's egress (in the pod netns).
     pub pod_egress: HookState,
     /// The HTB of the pod's egress limits on the same interface.
@@ -234,6 +261,7 @@ impl PodHooks {
         [
             (&self.host_ingress, programs::HOST_INGRESS, &host, "ingress"),
             (&self.host_egress, programs::HOST_EGRESS, &host, "egress"),
+            (&self.ns_gate, programs::NS_GATE, &host, "egress"),
             (&self.pod_egress, programs::POD_EGRESS, &pod, "egress"),
         ]
         .into_iter()

@@ -30,6 +30,8 @@ pub const POD_IP: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 5);
 // struct __sk_buff (uapi/linux/bpf.h): the fields a test run may set or read back.
 pub const SKB_SIZE: usize = 192;
 pub const SKB_PRIORITY: usize = 32;
+pub const SKB_INGRESS_IFINDEX: usize = 36;
+pub const SKB_CB0: usize = 48;
 pub const SKB_GSO_SEGS: usize = 164;
 pub const SKB_GSO_SIZE: usize = 176;
 
@@ -46,6 +48,29 @@ pub fn gso_ctx(segs: u32, size: u32) -> [u8; SKB_SIZE] {
     ctx[SKB_GSO_SEGS..SKB_GSO_SEGS + 4].copy_from_slice(&segs.to_ne_bytes());
     ctx[SKB_GSO_SIZE..SKB_GSO_SIZE + 4].copy_from_slice(&size.to_ne_bytes());
     ctx
+}
+
+/// The leaf classid of the pod's own limit of `kind` on its device.
+pub const fn pod_leaf(kind: usize, leaf: u32) -> u32 {
+    abi::classid(abi::pod_class(kind)) + leaf
+}
+
+/// A test run's `__sk_buff` with `priority` set, as if received on `ingress_ifindex`.
+pub fn from_ctx(priority: u32, ingress_ifindex: u32) -> [u8; SKB_SIZE] {
+    let mut ctx = prio_ctx(priority);
+    ctx[SKB_INGRESS_IFINDEX..SKB_INGRESS_IFINDEX + 4]
+        .copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    ctx
+}
+
+/// Sets `m`'s limit of `kind` in `dir` to `rate` bit/s (0: none).
+pub fn set_rate(m: &mut abi::PodMeta, dir: abi::Direction, kind: usize, rate: u64) {
+    m.limits.set(dir, kind, (rate != 0).then_some(rate));
+}
+
+/// `cb[0]` (the gate's mark) a program left.
+pub fn cb0_of(ctx: &[u8; SKB_SIZE]) -> u32 {
+    u32::from_ne_bytes(ctx[SKB_CB0..SKB_CB0 + 4].try_into().expect("4 bytes"))
 }
 
 /// The priority (the HTB class) a program left in a test run's `__sk_buff`.
@@ -228,6 +253,22 @@ impl Fixture {
         (ret, ctx_out)
     }
 
+    /// Runs `pkt` through every program; each passes it untouched (the gate, a classic
+    /// filter, does not match it: 0).
+    #[track_caller]
+    pub fn passes_untouched(&self, pkt: &[u8], what: &str) {
+        for prog in programs::ALL {
+            let (ret, out) = self.run_data(prog, pkt, None);
+            let pass = if prog == programs::NS_GATE {
+                0
+            } else {
+                TC_ACT_UNSPEC
+            };
+            assert_eq!(ret, pass, "{prog}: {what}");
+            assert_eq!(out, pkt, "{prog} rewrote {what}");
+        }
+    }
+
     /// Runs `prog` on each packet in turn, checking each one's verdict.
     #[track_caller]
     pub fn expect_verdicts(&self, prog: &str, cases: &[(&[u8], u32)]) {
@@ -245,16 +286,65 @@ impl Fixture {
         total
     }
 
-    pub fn node_counters(&mut self) -> abi::NodeCounters {
+    /// What the uplink programs put into the node's limits, by direction index.
+    pub fn node_counters(&mut self) -> [abi::Counter; abi::NR_DIRS] {
         let arr: PerCpuArray<_, abi::NodeCounters> = self.map(maps::NODE_COUNTERS);
-        let mut total = abi::Counter::default();
+        let mut total = [abi::Counter::default(); abi::NR_DIRS];
         for v in arr.get(&0, 0).expect("node counters").iter() {
-            total += v.capped;
+            for (t, s) in total.iter_mut().zip(v.staged.iter()) {
+                *t += *s;
+            }
         }
-        abi::NodeCounters {
-            capped: total,
-            reserved: [0; 2],
-        }
+        total
+    }
+
+    /// Sets the pod's limit of `kind` in `dir` at SLOT (`None`: none).
+    pub fn set_limit(&mut self, dir: abi::Direction, kind: usize, rate: Option<u64>) {
+        self.update_meta(|m| m.limits.set(dir, kind, rate));
+    }
+
+    /// Changes aggregate `entity`'s record.
+    pub fn update_entity(&mut self, entity: u32, f: impl FnOnce(&mut abi::Entity)) {
+        let mut arr: Array<_, abi::Entity> = self.map(maps::ENTITIES);
+        let mut e = arr.get(&entity, 0).expect("entity");
+        f(&mut e);
+        arr.set(entity, e, 0).expect("set entity");
+    }
+
+    /// Sets a limit of the node's of `kind` in `dir`, its group published and its device in
+    /// use (the loopback stands in for the node's download device).
+    pub fn set_node_limit(&mut self, dir: abi::Direction, kind: usize, rate: Option<u64>) {
+        self.update_entity(abi::NODE_ENTITY, |e| {
+            e.flags = abi::ENTITY_IN_USE;
+            e.limits.set(dir, kind, rate);
+            e.groups[dir.index()][kind] = rate.map_or(0, |_| abi::node_group(kind) as u16);
+        });
+        self.update_config(|c| match dir {
+            abi::Direction::Egress => c.node_out = 1,
+            abi::Direction::Ingress => c.node_in_ifindex = TEST_IFINDEX,
+        });
+    }
+
+    /// Puts the pod in namespace aggregate `entity` with a limit of `kind` in `dir`, its
+    /// group at minor `group`, the namespaces' device of `dir` in use (the loopback).
+    pub fn set_ns_limit(
+        &mut self,
+        entity: u32,
+        dir: abi::Direction,
+        kind: usize,
+        rate: Option<u64>,
+        group: u16,
+    ) {
+        self.update_entity(entity, |e| {
+            e.flags = abi::ENTITY_IN_USE;
+            e.limits.set(dir, kind, rate);
+            e.groups[dir.index()][kind] = rate.map_or(0, |_| group);
+        });
+        self.update_meta(|m| m.entity = entity);
+        self.update_config(|c| match dir {
+            abi::Direction::Egress => c.ns_out_ifindex = TEST_IFINDEX,
+            abi::Direction::Ingress => c.ns_in_ifindex = TEST_IFINDEX,
+        });
     }
 
     /// The node policy most tests use.

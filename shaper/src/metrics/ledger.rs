@@ -11,8 +11,15 @@ fn wrapping_sub(a: &mut PodCounters, b: &PodCounters) {
         .dir
         .iter_mut()
         .flatten()
-        .chain([&mut a.spoofed, &mut a.policed]);
-    for (x, y) in cells.zip(b.dir.iter().flatten().chain([&b.spoofed, &b.policed])) {
+        .chain([&mut a.spoofed, &mut a.policed])
+        .chain(a.dropped.iter_mut());
+    let from = b
+        .dir
+        .iter()
+        .flatten()
+        .chain([&b.spoofed, &b.policed])
+        .chain(b.dropped.iter());
+    for (x, y) in cells.zip(from) {
         x.packets = x.packets.wrapping_sub(y.packets);
         x.bytes = x.bytes.wrapping_sub(y.bytes);
     }

@@ -2,7 +2,10 @@
 
 use std::{collections::HashMap, fmt};
 
-use aliasnet_ebpf::abi::{self, Class, Direction, PodCounters};
+use aliasnet_ebpf::{
+    abi::{self, Class, Direction, PodCounters},
+    Datapath,
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -56,11 +59,41 @@ impl Group {
 #[derive(Debug, Default)]
 struct Families {
     groups: Vec<Group>,
+    /// The classes of the per-pod families (the node's add `other`), with their labels.
+    classes: Vec<(Class, String)>,
     /// Per-pod limits are exported (not when aggregated).
     limits: bool,
     node: PodCounters,
+    /// The limits of the node and of the namespaces with aggregates here.
+    node_limits: abi::Rates,
+    namespace_limits: Vec<(String, abi::Rates)>,
     pods: u64,
     version: String,
+}
+
+/// The `class` label of a limit of `kind`: `all` for a total limit, `internet`, or a named
+/// class's name.
+fn kind_label(names: &[Option<String>], kind: usize) -> Option<String> {
+    match kind {
+        abi::KIND_TOTAL => Some("all".to_owned()),
+        abi::KIND_INTERNET => Some("internet".to_owned()),
+        k => names.get(k - abi::KIND_NAMED).cloned().flatten(),
+    }
+}
+
+/// `(direction, class label, bytes/s)` of every limit of `r`.
+fn limit_series(names: &[Option<String>], r: &abi::Rates) -> Vec<(Direction, String, i64)> {
+    let mut out = Vec::new();
+    for dir in Direction::ALL {
+        for k in 0..abi::NR_KINDS {
+            if let (Some(v), Some(label)) = (r.get(dir, k), kind_label(names, k)) {
+                // Bytes, not bits: Prometheus base units (promtool rejects `bits`). Gauges
+                // are i64 or f64 in prometheus-client; limits are far below 2^63.
+                out.push((dir, label, i64::try_from(v / 8).unwrap_or(i64::MAX)));
+            }
+        }
+    }
+    out
 }
 
 impl Families {
@@ -74,13 +107,26 @@ impl Families {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
         for g in &self.groups {
             for dir in Direction::ALL {
-                for class in POD_CLASSES {
-                    let (l, n) = g.labels("direction", dir.name(), "class", class.name());
-                    ConstCounter::new(value(g, dir, class)).encode(m.encode_family(&&l[..n])?)?;
+                for (class, label) in &self.classes {
+                    let (l, n) = g.labels("direction", dir.name(), "class", label);
+                    ConstCounter::new(value(g, dir, *class)).encode(m.encode_family(&&l[..n])?)?;
                 }
             }
         }
         Ok(())
+    }
+}
+
+impl Families {
+    /// The named classes' names by index, as the class labels give them.
+    fn names(&self) -> Vec<Option<String>> {
+        let mut names = vec![None; abi::MAX_NAMED];
+        for (c, label) in &self.classes {
+            if let Class::Named(k) = c {
+                names[usize::from(*k)] = Some(label.clone());
+            }
+        }
+        names
     }
 }
 
@@ -120,29 +166,46 @@ impl Collector for Families {
             ConstCounter::new(g.totals.counters.policed.packets)
                 .encode(m.encode_family(&&l[..n])?)?;
         }
+        let names: Vec<Option<String>> = self.names();
         if self.limits {
             let mut m = enc.encode_descriptor(
                 "aliasnet_pod_bandwidth_limit_bytes_per_second",
-                "Configured bandwidth limit of the pod (the bit/s of the annotation / 8); class=all limits all traffic of the direction, class=internet only internet-bound egress. Absent = unlimited.",
+                "Effective bandwidth limit of the pod (its own and the policy's, the policy a ceiling), bytes/s; class=all limits all traffic of the direction, class=internet all internet traffic, a named class its destinations. Absent = unlimited.",
                 None,
                 MetricType::Gauge,
             )?;
             for g in &self.groups {
-                let l = g.limits.1;
-                for (dir, class, v) in [
-                    (Direction::Ingress, "all", l.ingress),
-                    (Direction::Egress, "all", l.egress),
-                    (Direction::Egress, "internet", l.internet_egress),
-                ] {
-                    if let Some(v) = v {
-                        let (l, n) = g.labels("direction", dir.name(), "class", class);
-                        // Bytes, not bits: Prometheus base units (promtool rejects `bits`).
-                        // Gauges are i64 or f64 in prometheus-client; limits are far below 2^63.
-                        ConstGauge::new(i64::try_from(v / 8).unwrap_or(i64::MAX))
-                            .encode(m.encode_family(&&l[..n])?)?;
-                    }
+                for (dir, class, v) in limit_series(&names, &g.limits.1 .0) {
+                    let (l, n) = g.labels("direction", dir.name(), "class", &class);
+                    ConstGauge::new(v).encode(m.encode_family(&&l[..n])?)?;
                 }
             }
+        }
+        let mut m = enc.encode_descriptor(
+            "aliasnet_namespace_bandwidth_limit_bytes_per_second",
+            "Bandwidth limit on all pods of a namespace on this node together, bytes/s, by direction and class (internet or a named class). Absent = unlimited.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (ns, r) in &self.namespace_limits {
+            for (dir, class, v) in limit_series(&names, r) {
+                ConstGauge::new(v).encode(m.encode_family(&[
+                    ("namespace", ns.as_str()),
+                    ("direction", dir.name()),
+                    ("class", class.as_str()),
+                ])?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "aliasnet_node_bandwidth_limit_bytes_per_second",
+            "Bandwidth limit on all pods of the node together, bytes/s, by direction and class (internet or a named class). Absent = unlimited.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (dir, class, v) in limit_series(&names, &self.node_limits) {
+            ConstGauge::new(v).encode(
+                m.encode_family(&[("direction", dir.name()), ("class", class.as_str())])?,
+            )?;
         }
         for (name, help, bytes) in [
             (
@@ -157,12 +220,13 @@ impl Collector for Families {
             ),
         ] {
             let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            let other = (Class::Other, "other".to_owned());
             for dir in Direction::ALL {
-                for class in Class::ALL {
-                    let c = self.node.get(dir, class);
+                for (class, label) in self.classes.iter().chain([&other]) {
+                    let c = self.node.get(dir, *class);
                     let v = if bytes { c.bytes } else { c.packets };
                     ConstCounter::new(v).encode(
-                        m.encode_family(&[("direction", dir.name()), ("class", class.name())])?,
+                        m.encode_family(&[("direction", dir.name()), ("class", label.as_str())])?,
                     )?;
                 }
             }
@@ -236,10 +300,23 @@ pub(super) fn render(
     groups.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
     let mut node = live.counters;
     node += ledger.node_offset().counters;
+    let classes = POD_CLASSES
+        .iter()
+        .map(|c| (*c, Datapath::class_label(&snap.class_names, *c)))
+        .chain(
+            snap.class_names
+                .iter()
+                .enumerate()
+                .filter_map(|(k, n)| Some((Class::Named(k as u8), n.clone()?))),
+        )
+        .collect();
     let fam = Families {
         groups,
+        classes,
         limits: opts.aggregation == Aggregation::Pod,
         node,
+        node_limits: snap.node_limits,
+        namespace_limits: snap.namespace_limits.clone(),
         pods: snap.pods.len() as u64,
         version: opts.version.clone(),
     };
@@ -290,6 +367,13 @@ mod tests {
         }
     }
 
+    fn snap(pods: Vec<PodSample>) -> Snapshot {
+        Snapshot {
+            pods,
+            ..Snapshot::default()
+        }
+    }
+
     fn value(text: &str, series: &str) -> Option<u64> {
         text.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
@@ -306,11 +390,12 @@ mod tests {
         let opts = ExporterOptions::default();
         let mut l = Ledger::default();
         let mut a = pod(0, "team", "a", counters(3, 5));
-        a.limits = PodLimits {
-            ingress: Some(10_000_000),
-            egress: None,
-            internet_egress: Some(1_000_000),
-        };
+        a.limits
+            .0
+            .set(Direction::Ingress, abi::KIND_TOTAL, Some(10_000_000));
+        a.limits
+            .0
+            .set(Direction::Egress, abi::KIND_INTERNET, Some(1_000_000));
         a.rate_drops = [Some(7), Some(2)];
         a.counters.spoofed = Counter {
             packets: 4,
@@ -321,13 +406,7 @@ mod tests {
             bytes: 900,
         };
         let b = pod(1, "team", "b", counters(1, 0));
-        let text = scrape(
-            &mut l,
-            &Snapshot {
-                pods: vec![a, b.clone()],
-            },
-            &opts,
-        );
+        let text = scrape(&mut l, &snap(vec![a, b.clone()]), &opts);
         assert_eq!(
             value(
                 &text,
@@ -404,14 +483,8 @@ mod tests {
         let b2 = pod(1, "team", "b", counters(4, 0));
         let mut a2 = pod(0, "team", "a", counters(6, 5));
         a2.rate_drops = [Some(9), Some(2)];
-        let _ = scrape(
-            &mut l,
-            &Snapshot {
-                pods: vec![a2, b.clone()],
-            },
-            &opts,
-        );
-        let text = scrape(&mut l, &Snapshot { pods: vec![b2] }, &opts);
+        let _ = scrape(&mut l, &snap(vec![a2, b.clone()]), &opts);
+        let text = scrape(&mut l, &snap(vec![b2]), &opts);
         assert!(!text.contains(r#"pod="a""#), "{text}");
         // Egress internet since start: a 3 more, b 3 more.
         assert_eq!(
@@ -431,34 +504,28 @@ mod tests {
             ..ExporterOptions::default()
         };
         let mut l = Ledger::default();
-        let s0 = Snapshot {
-            pods: vec![
-                pod(0, "x", "a", counters(10, 0)),
-                pod(1, "x", "b", counters(20, 0)),
-            ],
-        };
+        let s0 = snap(vec![
+            pod(0, "x", "a", counters(10, 0)),
+            pod(1, "x", "b", counters(20, 0)),
+        ]);
         let t0 = scrape(&mut l, &s0, &opts);
         let key =
             r#"aliasnet_pod_packets_total{namespace="x",direction="egress",class="internet"}"#;
         assert_eq!(value(&t0, key), Some(0));
         assert!(!t0.contains("pod=\""), "no pod label when aggregated");
         assert!(
-            !t0.contains("bandwidth_limit"),
+            !t0.contains("aliasnet_pod_bandwidth_limit"),
             "no per-pod limits when aggregated"
         );
-        let s1 = Snapshot {
-            pods: vec![
-                pod(0, "x", "a", counters(15, 0)),
-                pod(1, "x", "b", counters(21, 0)),
-            ],
-        };
+        let s1 = snap(vec![
+            pod(0, "x", "a", counters(15, 0)),
+            pod(1, "x", "b", counters(21, 0)),
+        ]);
         assert_eq!(value(&scrape(&mut l, &s1, &opts), key), Some(6));
         // b goes away, a new pod c (slot reused: new attachment time) appears.
         let mut c = pod(1, "x", "c", counters(2, 0));
         c.attached_unix_ns = 99;
-        let s2 = Snapshot {
-            pods: vec![pod(0, "x", "a", counters(16, 0)), c],
-        };
+        let s2 = snap(vec![pod(0, "x", "a", counters(16, 0)), c]);
         assert_eq!(value(&scrape(&mut l, &s2, &opts), key), Some(6 + 1 + 2));
         // The namespace empties: its series go.
         let t3 = scrape(&mut l, &Snapshot::default(), &opts);
@@ -470,12 +537,10 @@ mod tests {
     fn duplicate_pod_names_are_summed_not_repeated() {
         let opts = ExporterOptions::default();
         let mut l = Ledger::default();
-        let snap = Snapshot {
-            pods: vec![
-                pod(0, "n", "p", counters(1, 0)),
-                pod(1, "n", "p", counters(2, 0)),
-            ],
-        };
+        let snap = snap(vec![
+            pod(0, "n", "p", counters(1, 0)),
+            pod(1, "n", "p", counters(2, 0)),
+        ]);
         let text = scrape(&mut l, &snap, &opts);
         let key = r#"aliasnet_pod_packets_total{namespace="n",pod="p",direction="egress",class="internet"}"#;
         assert_eq!(text.matches(key).count(), 1);
@@ -487,17 +552,13 @@ mod tests {
         let opts = ExporterOptions::default();
         let mut l = Ledger::default();
         let mut a = pod(0, "n", "a", counters(0, 0));
-        a.limits.ingress = Some(1_000_000);
+        a.limits
+            .0
+            .set(Direction::Ingress, abi::KIND_TOTAL, Some(1_000_000));
         a.rate_drops = [None, Some(42)];
-        let _ = scrape(
-            &mut l,
-            &Snapshot {
-                pods: vec![a.clone()],
-            },
-            &opts,
-        );
+        let _ = scrape(&mut l, &snap(vec![a.clone()]), &opts);
         a.rate_drops = [None, None];
-        let text = scrape(&mut l, &Snapshot { pods: vec![a] }, &opts);
+        let text = scrape(&mut l, &snap(vec![a]), &opts);
         assert_eq!(
             value(
                 &text,
@@ -511,9 +572,7 @@ mod tests {
     fn label_values_are_escaped() {
         let opts = ExporterOptions::default();
         let mut l = Ledger::default();
-        let snap = Snapshot {
-            pods: vec![pod(0, "n", "we\"ird\\name\n", counters(1, 0))],
-        };
+        let snap = snap(vec![pod(0, "n", "we\"ird\\name\n", counters(1, 0))]);
         let text = scrape(&mut l, &snap, &opts);
         assert!(text.contains(r#"pod="we\"ird\\name\n""#), "{text}");
     }
@@ -523,8 +582,10 @@ mod tests {
         let opts = ExporterOptions::default();
         let mut l = Ledger::default();
         let mut a = pod(0, "team", "a", counters(3, 5));
-        a.limits.egress = Some(5_000_000);
-        let text = scrape(&mut l, &Snapshot { pods: vec![a] }, &opts);
+        a.limits
+            .0
+            .set(Direction::Egress, abi::KIND_TOTAL, Some(5_000_000));
+        let text = scrape(&mut l, &snap(vec![a]), &opts);
         let mut child = std::process::Command::new("promtool")
             .args(["check", "metrics"])
             .stdin(std::process::Stdio::piped())

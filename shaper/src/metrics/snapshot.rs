@@ -10,33 +10,20 @@ use aliasnet_ebpf::{
 };
 use aliasnet_netns::NetNs;
 
-/// Configured limits of a pod in bit/s (`None` = unlimited).
+/// A pod's own effective limits in bit/s, by direction and kind (0 = unlimited).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PodLimits {
-    /// All traffic to the pod (host veth).
-    pub ingress: Option<u64>,
-    /// All traffic from the pod (pod eth0).
-    pub egress: Option<u64>,
-    /// Internet-bound traffic from the pod (pod eth0).
-    pub internet_egress: Option<u64>,
-}
+pub struct PodLimits(pub abi::Rates);
 
 impl PodLimits {
-    fn of(meta: &abi::PodMeta) -> Self {
-        let nz = |v: u64| (v != 0).then_some(v);
-        Self {
-            ingress: nz(meta.ingress_rate),
-            egress: nz(meta.egress_rate),
-            internet_egress: nz(meta.internet_egress_rate),
-        }
+    /// Whether packets of `dir` pass one of the pod's own shaping queues (and can be
+    /// dropped by it).
+    pub fn shaped(&self, dir: Direction) -> bool {
+        self.0.any_in(dir)
     }
 
-    /// Whether packets of `dir` pass a shaping queue (and can be dropped by it).
-    pub fn shaped(&self, dir: Direction) -> bool {
-        match dir {
-            Direction::Ingress => self.ingress.is_some(),
-            Direction::Egress => self.egress.is_some() || self.internet_egress.is_some(),
-        }
+    /// The limited kinds of `dir`.
+    pub fn kinds(&self, dir: Direction) -> impl Iterator<Item = usize> + '_ {
+        (0..abi::NR_KINDS).filter(move |k| self.0.get(dir, *k).is_some())
     }
 }
 
@@ -66,10 +53,16 @@ impl PodSample {
     }
 }
 
-/// Every attached pod, read consistently pod by pod.
+/// Every attached pod, read consistently pod by pod, and the node's and namespaces' limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub pods: Vec<PodSample>,
+    /// The named classes by index (`None`: unused).
+    pub class_names: Vec<Option<String>>,
+    /// The node's aggregate limits.
+    pub node_limits: abi::Rates,
+    /// The namespaces with aggregate limits on this node, with them.
+    pub namespace_limits: Vec<(String, abi::Rates)>,
 }
 
 /// Same attachment in both reads: the identity did not change while counters were read.
@@ -112,11 +105,26 @@ impl Snapshot {
                 pod_ifindex: after.pod_ifindex,
                 netns: PathBuf::from(abi::cstr(&after.netns)),
                 counters,
-                limits: PodLimits::of(&after),
+                limits: PodLimits(after.limits),
                 rate_drops: [None; abi::NR_DIRS],
             });
         }
-        let mut snap = Self { pods };
+        let mut entities: Vec<u32> = pods_entities(dp, &pods)?;
+        entities.sort_unstable();
+        entities.dedup();
+        let mut namespace_limits = Vec::new();
+        for e in entities {
+            let rec = dp.entity(e)?;
+            if rec.flags & abi::ENTITY_IN_USE != 0 {
+                namespace_limits.push((abi::cstr(&rec.name), rec.limits));
+            }
+        }
+        let mut snap = Self {
+            pods,
+            class_names: dp.class_names()?,
+            node_limits: dp.entity(abi::NODE_ENTITY)?.limits,
+            namespace_limits,
+        };
         if qdiscs {
             snap.read_rate_drops();
         }
@@ -132,12 +140,15 @@ impl Snapshot {
         // Egress classes live in the pods' netns: worker threads visit them in turn (entering
         // one changes only the worker's namespace), while this thread reads the ingress
         // classes of the node's netns.
-        let wanted: Vec<(usize, PathBuf, u32)> = self
+        let wanted: Vec<(usize, PathBuf, u32, Vec<u32>)> = self
             .pods
             .iter()
             .enumerate()
             .filter(|(_, p)| p.limits.shaped(Direction::Egress) && p.pod_ifindex != 0)
-            .map(|(i, p)| (i, p.netns.clone(), p.pod_ifindex))
+            .map(|(i, p)| {
+                let leaves = leaves_of(&p.limits, Direction::Egress);
+                (i, p.netns.clone(), p.pod_ifindex, leaves)
+            })
             .collect();
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -153,10 +164,11 @@ impl Snapshot {
                 if let Ok(mut rt) = Rtnl::new() {
                     for p in pods.iter_mut() {
                         if p.limits.shaped(Direction::Ingress) {
+                            let leaves = leaves_of(&p.limits, Direction::Ingress);
                             p.rate_drops[Direction::Ingress.index()] = rt
                                 .class_stats(p.host_ifindex)
                                 .ok()
-                                .map(|c| class_drops(&c, &[abi::CLASSID_POD_INGRESS]));
+                                .map(|c| class_drops(&c, &leaves));
                         }
                     }
                 }
@@ -172,32 +184,50 @@ impl Snapshot {
     }
 }
 
+/// The namespace aggregates of the pods read.
+fn pods_entities(dp: &Datapath, pods: &[PodSample]) -> Result<Vec<u32>, DatapathError> {
+    let mut out = Vec::new();
+    for p in pods {
+        if let Some(e) = dp.entity_of(&p.namespace)? {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
 /// Threads reading pods' egress classes in parallel during a scrape.
 const MAX_NETNS_WORKERS: usize = 4;
 
-/// Packets the listed shaped classes dropped (HTB counts drops on the leaves).
-fn class_drops(stats: &[TcStats], classes: &[u32]) -> u64 {
-    classes
+/// The leaf classes of a pod's own limits of `dir`.
+fn leaves_of(limits: &PodLimits, dir: Direction) -> Vec<u32> {
+    limits
+        .kinds(dir)
+        .flat_map(|k| {
+            let c = abi::classid(abi::pod_class(k));
+            [c + abi::LEAF_SPARSE, c + abi::LEAF_BULK]
+        })
+        .collect()
+}
+
+/// Packets the listed leaf classes dropped (HTB counts drops on the leaves).
+fn class_drops(stats: &[TcStats], leaves: &[u32]) -> u64 {
+    leaves
         .iter()
-        .flat_map(|c| [c + abi::LEAF_SPARSE, c + abi::LEAF_BULK])
-        .filter_map(|c| stats.iter().find(|s| s.handle == c))
+        .filter_map(|c| stats.iter().find(|s| s.handle == *c))
         .map(|s| s.drops)
         .sum()
 }
 
 /// Runs on its own thread: enters each pod's netns in turn and reads its egress classes'
 /// drops.
-fn egress_class_drops(pods: &[(usize, PathBuf, u32)]) -> Vec<(usize, u64)> {
+fn egress_class_drops(pods: &[(usize, PathBuf, u32, Vec<u32>)]) -> Vec<(usize, u64)> {
     let mut out = Vec::with_capacity(pods.len());
-    for (i, path, ifindex) in pods {
+    for (i, path, ifindex, leaves) in pods {
         let Ok(ns) = NetNs::open(path) else { continue };
         // The socket binds to the namespace current at creation.
         let stats = ns.enter(|| Rtnl::new().and_then(|mut rt| rt.class_stats(*ifindex)));
         if let Ok(Ok(c)) = stats {
-            out.push((
-                *i,
-                class_drops(&c, &[abi::CLASSID_POD_INTERNET, abi::CLASSID_POD_OTHER]),
-            ));
+            out.push((*i, class_drops(&c, leaves)));
         }
     }
     out
