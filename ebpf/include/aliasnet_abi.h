@@ -136,6 +136,13 @@ _Static_assert(AN_POD_FILTER_CLASSID_BASE + AN_MAX_PODS - 1 <= 0xffff,
  * aggregate device's, where the programs pass it on to the pod's own qdisc unchanged.
  */
 #define AN_CB_NS_STAGE 0x616e7332 /* "ans2" */
+/*
+ * That device's HTB has handle AN_NS_IN_MAJOR: (its classes fff8:<minor>), so that the
+ * pod's own leaf, which such a packet carries in skb->priority on to the host veth's HTB
+ * (1:), never names one of them; its leaf qdiscs are (minor + 1):, all below it.
+ */
+#define AN_NS_IN_MAJOR 0xfff8
+_Static_assert(AN_AGG_GROUP_MAX + AN_GROUP_SHARED + 1 < AN_NS_IN_MAJOR, "leaf handles");
 
 /*
  * an_prefixes (IPv4) and an_prefixes6 (IPv6): LPM tries, one per family, so an IPv4 lookup

@@ -96,6 +96,10 @@ pub const fn pod_filter_classid(slot: u32) -> u32 {
 
 /// `skb->cb[0]` of traffic to a pod that its namespace's download limits shape.
 pub const CB_NS_STAGE: u32 = 0x616e_7332;
+/// The HTB major of the namespaces' download device (the pod's own leaf in `skb->priority`,
+/// 1:x, must name none of its classes).
+pub const NS_IN_MAJOR: u16 = 0xfff8;
+const _: () = assert!(AGG_GROUP_MAX + GROUP_SHARED + 1 < NS_IN_MAJOR as u32);
 
 pub const META_IN_USE: u32 = 1;
 /// The host veth carries `an_ns_gate` (userspace only).

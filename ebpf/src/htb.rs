@@ -211,33 +211,37 @@ fn same_leaf(kind: &QueueKind, want: &Leaf) -> bool {
     }
 }
 
-/// Brings `classes` (parents listed before their children) onto an HTB root `1:` of
+/// Brings `classes` (parents listed before their children) onto an HTB root `major:` of
 /// `ifindex`, each leaf with a bounded queue: classes that are wanted and already there as
 /// wanted are left alone (their queues and counters go on), others are created or changed,
 /// and classes of ours that are not wanted are deleted, children first. `fresh` starts from
 /// an empty root instead (a new pod).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn install_htb(
     rt: &mut Rtnl,
     ifindex: u32,
+    major: u16,
     defcls: u16,
     classes: &[HtbClass],
     fresh: bool,
     sender: Sender,
 ) -> Result<(), DatapathError> {
     if fresh {
-        rt.delete_root_htb(ifindex, HTB_MAJOR)?;
+        rt.delete_root_htb(ifindex, major)?;
     }
-    let created = rt.ensure_root_htb(ifindex, HTB_MAJOR, defcls, DIRECT_QLEN)?;
+    let created = rt.ensure_root_htb(ifindex, major, defcls, DIRECT_QLEN)?;
     let existing = if fresh || created {
         Vec::new()
     } else {
         rt.queue_sizes(ifindex)?
     };
-    let root = handle(HTB_MAJOR, 0);
+    let root = handle(major, 0);
     // The kernel reports a class at the top of the tree with parent TC_H_ROOT.
     let have: BTreeMap<u32, (u32, QueueKind)> = existing
         .iter()
-        .filter(|q| matches!(q.kind, QueueKind::HtbClass { .. }) && q.handle >> 16 == 1)
+        .filter(|q| {
+            matches!(q.kind, QueueKind::HtbClass { .. }) && q.handle >> 16 == u32::from(major)
+        })
         .map(|q| {
             let parent = if q.parent == u32::MAX { root } else { q.parent };
             (q.handle, (parent, q.kind))

@@ -55,6 +55,7 @@ mod abi_header {
             ("AN_GROUP_SHARED", GROUP_SHARED.into()),
             ("AN_POD_FILTER_CLASSID_BASE", POD_FILTER_CLASSID_BASE.into()),
             ("AN_CB_NS_STAGE", CB_NS_STAGE.into()),
+            ("AN_NS_IN_MAJOR", NS_IN_MAJOR.into()),
             ("AN_DROP_ND", DROP_ND as u64),
             ("AN_DROP_GATEWAY", DROP_GATEWAY as u64),
             ("AN_NR_DROPS", NR_DROPS as u64),

@@ -412,9 +412,32 @@ impl Node {
 
     /// kubelet-style `CNI_ARGS` for a pod, in a scrambled order as containerd sends them.
     pub fn k8s_args(pod: &str, cid: &str) -> String {
+        Self::k8s_args_in(pod, cid, "test")
+    }
+
+    /// [`Self::k8s_args`] for a pod of Kubernetes namespace `namespace`.
+    pub fn k8s_args_in(pod: &str, cid: &str, namespace: &str) -> String {
         format!(
-            "K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid};IgnoreUnknown=1;K8S_POD_UID=uid-{pod};K8S_POD_NAMESPACE=test"
+            "K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid};IgnoreUnknown=1;K8S_POD_UID=uid-{pod};K8S_POD_NAMESPACE={namespace}"
         )
+    }
+
+    /// ADD a pod of Kubernetes namespace `namespace`, with a `runtimeConfig` if given.
+    pub fn add_pod_in(
+        &self,
+        name: &str,
+        namespace: &str,
+        runtime_config: Option<&Value>,
+    ) -> Result<Pod> {
+        let ns = Netns::new(&format!("an{}-n{}-{name}", self.tag, self.index))?;
+        let cid = format!("cid-{}-{name}", self.tag);
+        let inv = Invocation::new("ADD", &cid, Some(&ns.path()), "eth0")
+            .args(&Self::k8s_args_in(name, &cid, namespace));
+        let out = self.cni(&inv, &self.plugin_config(None, runtime_config));
+        let result = out
+            .expect_ok(&format!("ADD {namespace}/{name}"))
+            .context("ADD printed nothing")?;
+        Pod::from_result(ns, name, cid, result)
     }
 
     /// Create a pod netns and ADD it.

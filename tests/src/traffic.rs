@@ -174,3 +174,58 @@ pub fn capture(ns: &Netns, iface: &str, count: u32, filter: &str, during: impl F
     let _ = dump.wait();
     out
 }
+
+/// Goodput in bit/s, as received, of `secs`-second TCP downloads into each of `clients` at
+/// once, each from its own iperf3 server in namespace `server` on `src` (the client runs in
+/// the pod with `-R`: the server sends), with congestion control `cc` if given. The runs
+/// start together; their reports come back in `clients`' order.
+pub fn concurrent_downloads(
+    clients: &[&Netns],
+    server: &str,
+    src: &str,
+    secs: u32,
+    cc: Option<&str>,
+) -> Result<Vec<serde_json::Value>> {
+    let servers: Vec<IperfServer> = clients
+        .iter()
+        .map(|_| IperfServer::start(server, src))
+        .collect::<Result<_>>()?;
+    let secs = secs.to_string();
+    let children: Vec<Child> = clients
+        .iter()
+        .zip(&servers)
+        .map(|(c, s)| {
+            let port = s.port.to_string();
+            let mut args = vec!["iperf3", "-c", src, "-p", &port, "-t", &secs, "-R", "-J"];
+            if let Some(cc) = cc {
+                args.extend(["-C", cc]);
+            }
+            netns_exec(&c.name, &args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("iperf3 client")
+        })
+        .collect::<Result<_>>()?;
+    children
+        .into_iter()
+        .map(|c| iperf_report(&c.wait_with_output().context("iperf3 client")?))
+        .collect()
+}
+
+/// Receiver goodput of an iperf3 `-J` report, bit/s.
+pub fn received_bps(v: &serde_json::Value) -> f64 {
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("iperf3 report without goodput: {v}"))
+}
+
+/// Jain's fairness index of `x`: 1 when all are equal, 1/n when one takes all.
+pub fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let sq: f64 = x.iter().map(|v| v * v).sum();
+    if sq == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (x.len() as f64 * sq)
+}

@@ -23,6 +23,16 @@ pub const NS_OUT: &str = "aliasnet-nsout";
 /// The node's download device.
 pub const NODE_IN: &str = "aliasnet-nodein";
 
+/// The HTB major of a level's aggregate device: the namespaces' (`Some(dir)`) or the
+/// node's (`None`). Traffic to the pods reaches the namespaces' device still carrying the
+/// leaf of the pod's own limits in its priority, which must name none of its classes.
+pub(crate) fn major(ns_dir: Option<crate::abi::Direction>) -> u16 {
+    match ns_dir {
+        Some(crate::abi::Direction::Ingress) => crate::abi::NS_IN_MAJOR,
+        _ => HTB_MAJOR,
+    }
+}
+
 /// The ifindexes of the aggregate devices in use (0: not in use).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Devices {
@@ -55,18 +65,18 @@ pub(crate) fn ensure(
     let frame = frame(dp, uplink_frame)?;
     let mtu = u32::try_from(frame.saturating_sub(crate::abi::ETH_HLEN)).unwrap_or(u32::MAX);
     let mut rt = Rtnl::new()?;
-    let mut up = |name: &str, wanted: bool| -> Result<u32, DatapathError> {
+    let mut up = |name: &str, major: u16, wanted: bool| -> Result<u32, DatapathError> {
         if !wanted {
             return Ok(0);
         }
         let ifindex = rt.ensure_ifb(name, mtu)?;
-        rt.ensure_root_htb(ifindex, HTB_MAJOR, 0, DIRECT_QLEN)?;
+        rt.ensure_root_htb(ifindex, major, 0, DIRECT_QLEN)?;
         Ok(ifindex)
     };
     let devs = Devices {
-        ns_in: up(NS_IN, ns_in)?,
-        ns_out: up(NS_OUT, ns_out)?,
-        node_in: up(NODE_IN, node_in)?,
+        ns_in: up(NS_IN, crate::abi::NS_IN_MAJOR, ns_in)?,
+        ns_out: up(NS_OUT, HTB_MAJOR, ns_out)?,
+        node_in: up(NODE_IN, HTB_MAJOR, node_in)?,
     };
     if devs.ns_in != 0 {
         set_ns_classifier(dp, &mut rt, devs.ns_in)?;
@@ -82,12 +92,13 @@ pub(crate) fn set_ns_classifier(
 ) -> Result<(), DatapathError> {
     let path = dp.pins.prog(programs::NS_CLASSIFY);
     let prog = clsact::open_pinned(&path).map_err(|e| DatapathError::io("open", &path, e))?;
+    let major = crate::abi::NS_IN_MAJOR;
     rt.set_qdisc_filter(
         ifindex,
-        handle(HTB_MAJOR, 0),
+        handle(major, 0),
         prog.as_fd(),
         programs::NS_CLASSIFY,
-        handle(HTB_MAJOR, 0),
+        handle(major, 0),
     )?;
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 use crate::{
     abi,
-    htb::{guarantees, HTB_MAJOR},
+    htb::guarantees,
     netlink::{handle, HtbClass},
     shape::Shape,
 };
@@ -24,10 +24,10 @@ pub(crate) struct Group {
 /// never add up to more than it.
 const LEAF_RATE: u64 = 1_000;
 
-/// The classes of an aggregate with `groups` (at most one per kind) on a device whose
-/// largest frame is `frame`, with a bulk leaf of its own for each pod of `slots`; parents
-/// before children.
-pub(crate) fn classes(groups: &[Group], slots: &[u32], frame: u64) -> Vec<HtbClass> {
+/// The classes of an aggregate with `groups` (at most one per kind) on a device (HTB root
+/// `major:`) whose largest frame is `frame`, with a bulk leaf of its own for each pod of
+/// `slots`; parents before children.
+pub(crate) fn classes(major: u16, groups: &[Group], slots: &[u32], frame: u64) -> Vec<HtbClass> {
     let internet = groups.iter().find(|g| g.kind == abi::KIND_INTERNET);
     // Named classes nest in the internet's group, the internet's limit applying to them too.
     let tree: Vec<(u32, Option<u32>, u64)> = internet
@@ -47,10 +47,10 @@ pub(crate) fn classes(groups: &[Group], slots: &[u32], frame: u64) -> Vec<HtbCla
             .expect("every tree node is a group");
         let ceil = Shape::new(limit, None, frame);
         let (guaranteed, own) = g[&minor];
-        let id = handle(HTB_MAJOR, minor as u16);
+        let id = handle(major, minor as u16);
         out.push(HtbClass {
             classid: id,
-            parent: parent.map_or(handle(HTB_MAJOR, 0), |p| handle(HTB_MAJOR, p as u16)),
+            parent: parent.map_or(handle(major, 0), |p| handle(major, p as u16)),
             rate: ceil.at_rate(guaranteed),
             ceil,
             prio: 0,
@@ -77,7 +77,7 @@ pub(crate) fn classes(groups: &[Group], slots: &[u32], frame: u64) -> Vec<HtbCla
         out.extend(
             slots
                 .iter()
-                .map(|s| bulk(handle(HTB_MAJOR, abi::agg_leaf(group.kind, *s) as u16))),
+                .map(|s| bulk(handle(major, abi::agg_leaf(group.kind, *s) as u16))),
         );
     }
     out
@@ -99,7 +99,7 @@ mod tests {
             minor: abi::node_group(abi::KIND_NAMED + 2),
             limit: 20_000_000,
         };
-        let c = classes(&[mirrors, internet], &[0, 5], 9014);
+        let c = classes(1, &[mirrors, internet], &[0, 5], 9014);
         let ids: Vec<(u32, u32, u32)> = c.iter().map(|c| (c.classid, c.parent, c.prio)).collect();
         let i = handle(1, internet.minor as u16);
         let m = handle(1, mirrors.minor as u16);
@@ -145,9 +145,10 @@ mod tests {
             minor: 0x9000,
             limit: 1_000_000,
         };
-        let c = classes(&[g], &[], 1514);
+        let c = classes(abi::NS_IN_MAJOR, &[g], &[], 1514);
         assert_eq!(c.len(), 3);
-        assert_eq!(c[0].parent, handle(1, 0));
+        assert_eq!(c[0].parent, handle(abi::NS_IN_MAJOR, 0));
+        assert_eq!(c[0].classid, handle(abi::NS_IN_MAJOR, 0x9000));
         assert_eq!(c[0].rate.rate, 1_000_000);
     }
 }

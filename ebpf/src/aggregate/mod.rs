@@ -273,10 +273,12 @@ impl Datapath {
                 ),
             };
             if ns_dev != 0 {
+                let major = devices::major(Some(dir));
                 let mut classes = Vec::new();
                 for (ns, e) in &ids {
                     let slots: Vec<u32> = by_ns.get(ns).cloned().unwrap_or_default();
                     classes.extend(group_classes(
+                        major,
                         &groups[e][d],
                         &wanted[ns],
                         dir,
@@ -284,12 +286,30 @@ impl Datapath {
                         frame,
                     ));
                 }
-                install_htb(&mut rt, ns_dev, 0, &classes, false, Sender::Forwarded)?;
+                install_htb(
+                    &mut rt,
+                    ns_dev,
+                    major,
+                    0,
+                    &classes,
+                    false,
+                    Sender::Forwarded,
+                )?;
             }
             if node_dev != 0 {
+                let major = devices::major(None);
                 let slots: Vec<u32> = pods.iter().map(|(s, _)| *s).collect();
-                let classes = group_classes(&node_groups[d], &node.limits, dir, &slots, frame);
-                install_htb(&mut rt, node_dev, 0, &classes, false, Sender::Forwarded)?;
+                let classes =
+                    group_classes(major, &node_groups[d], &node.limits, dir, &slots, frame);
+                install_htb(
+                    &mut rt,
+                    node_dev,
+                    major,
+                    0,
+                    &classes,
+                    false,
+                    Sender::Forwarded,
+                )?;
             }
         }
 
@@ -432,8 +452,10 @@ fn mask(row: &[u16; abi::NR_KINDS]) -> u64 {
         .fold(0, |m, (k, _)| m | (1 << k))
 }
 
-/// The classes of one aggregate's groups of `dir` (`row`) with a leaf per pod of `slots`.
+/// The classes of one aggregate's groups of `dir` (`row`) with a leaf per pod of `slots`, on
+/// a device whose HTB root is `major:`.
 fn group_classes(
+    major: u16,
     row: &[u16; abi::NR_KINDS],
     limits: &abi::Rates,
     dir: Direction,
@@ -455,5 +477,5 @@ fn group_classes(
             })
         })
         .collect();
-    layout::classes(&groups, slots, frame)
+    layout::classes(major, &groups, slots, frame)
 }

@@ -376,13 +376,8 @@ fn refilter(
             }
             let mut rt = Rtnl::new()?;
             if name == programs::NS_CLASSIFY {
-                rt.set_qdisc_filter(
-                    ns_in,
-                    crate::netlink::handle(abi::HTB_MAJOR, 0),
-                    fd,
-                    name,
-                    crate::netlink::handle(abi::HTB_MAJOR, 0),
-                )?;
+                let root = crate::netlink::handle(abi::NS_IN_MAJOR, 0);
+                rt.set_qdisc_filter(ns_in, root, fd, name, root)?;
                 return Ok(1);
             }
             for (_, m) in pods

@@ -98,7 +98,15 @@ pub(crate) fn reconcile_pod_side(
         Some(classes) => {
             let defcls = default_leaf(meta, Direction::Egress);
             let mut apply = || {
-                install_htb(&mut rt, pod_ifindex, defcls, &classes, fresh, Sender::Local)?;
+                install_htb(
+                    &mut rt,
+                    pod_ifindex,
+                    HTB_MAJOR,
+                    defcls,
+                    &classes,
+                    fresh,
+                    Sender::Local,
+                )?;
                 rt.ensure_clsact(pod_ifindex)?;
                 attach_filter(
                     &mut rt,
@@ -136,6 +144,7 @@ pub(crate) fn reconcile_host_side(
         Some(classes) => install_htb(
             rt,
             meta.host_ifindex,
+            HTB_MAJOR,
             default_leaf(meta, Direction::Ingress),
             &classes,
             fresh,
