@@ -175,30 +175,52 @@ pub fn capture(ns: &Netns, iface: &str, count: u32, filter: &str, during: impl F
     out
 }
 
-/// Goodput in bit/s, as received, of `secs`-second TCP downloads into each of `clients` at
-/// once, each from its own iperf3 server in namespace `server` on `src` (the client runs in
-/// the pod with `-R`: the server sends), with congestion control `cc` if given. The runs
-/// start together; their reports come back in `clients`' order.
-pub fn concurrent_downloads(
+/// `secs`-second TCP transfers between each of `clients` and its own iperf3 server in
+/// namespace `server` on `addr`, all at once: downloads into the clients (`-R`: the server
+/// sends) or uploads from them, with congestion control `cc` if given. The iperf3 `-J`
+/// reports come back in `clients`' order.
+pub fn concurrent_transfers(
     clients: &[&Netns],
     server: &str,
-    src: &str,
+    addr: &str,
     secs: u32,
     cc: Option<&str>,
+    download: bool,
 ) -> Result<Vec<serde_json::Value>> {
-    let servers: Vec<IperfServer> = clients
+    let pairs: Vec<(&Netns, &str, &str)> = clients.iter().map(|c| (*c, server, addr)).collect();
+    transfers(&pairs, secs, cc, download, None)
+}
+
+/// [`concurrent_transfers`] with each client's own server namespace and address:
+/// `(client, server namespace, server address)`, each sender paced at `bitrate` if given
+/// (iperf3's `-b`, e.g. "2G").
+pub fn transfers(
+    pairs: &[(&Netns, &str, &str)],
+    secs: u32,
+    cc: Option<&str>,
+    download: bool,
+    bitrate: Option<&str>,
+) -> Result<Vec<serde_json::Value>> {
+    let servers: Vec<IperfServer> = pairs
         .iter()
-        .map(|_| IperfServer::start(server, src))
+        .map(|(_, ns, addr)| IperfServer::start(ns, addr))
         .collect::<Result<_>>()?;
     let secs = secs.to_string();
-    let children: Vec<Child> = clients
+    let children: Vec<Child> = pairs
         .iter()
         .zip(&servers)
-        .map(|(c, s)| {
+        .map(|((c, _, addr), s)| {
+            let addr = *addr;
             let port = s.port.to_string();
-            let mut args = vec!["iperf3", "-c", src, "-p", &port, "-t", &secs, "-R", "-J"];
+            let mut args = vec!["iperf3", "-c", addr, "-p", &port, "-t", &secs, "-J"];
+            if download {
+                args.push("-R");
+            }
             if let Some(cc) = cc {
                 args.extend(["-C", cc]);
+            }
+            if let Some(b) = bitrate {
+                args.extend(["-b", b]);
             }
             netns_exec(&c.name, &args)
                 .stdout(Stdio::piped())
@@ -211,6 +233,42 @@ pub fn concurrent_downloads(
         .into_iter()
         .map(|c| iperf_report(&c.wait_with_output().context("iperf3 client")?))
         .collect()
+}
+
+/// [`concurrent_transfers`] into the clients.
+pub fn concurrent_downloads(
+    clients: &[&Netns],
+    server: &str,
+    src: &str,
+    secs: u32,
+    cc: Option<&str>,
+) -> Result<Vec<serde_json::Value>> {
+    concurrent_transfers(clients, server, src, secs, cc, true)
+}
+
+/// TCP segments sent and retransmitted by namespace `ns` since it was made (`nstat`).
+pub fn tcp_segments(ns: &str) -> Result<(u64, u64)> {
+    let out = netns_exec(
+        ns,
+        &["nstat", "-az", "--json", "TcpOutSegs", "TcpRetransSegs"],
+    )
+    .output()
+    .context("nstat")?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("nstat --json")?;
+    let k = &v["kernel"];
+    Ok((
+        k["TcpOutSegs"].as_u64().context("TcpOutSegs")?,
+        k["TcpRetransSegs"].as_u64().context("TcpRetransSegs")?,
+    ))
+}
+
+/// Seconds of an iperf3 `-J` report in which nothing was received.
+pub fn idle_seconds(v: &serde_json::Value) -> usize {
+    v["intervals"].as_array().map_or(0, |a| {
+        a.iter()
+            .filter(|i| i["sum"]["bytes"].as_u64() == Some(0))
+            .count()
+    })
 }
 
 /// Receiver goodput of an iperf3 `-J` report, bit/s.
