@@ -479,3 +479,43 @@ fn group_classes(
         .collect();
     layout::classes(major, &groups, slots, frame)
 }
+
+impl Datapath {
+    /// The queue statistics of aggregate `entity`'s groups of `dir` on its device (the node
+    /// is [`abi::NODE_ENTITY`]), by limit kind: whether a limit is the bottleneck (drops,
+    /// overlimits, a backlog) is read here. Empty when the level's device is not in use.
+    pub fn group_stats(
+        &self,
+        entity: u32,
+        dir: Direction,
+    ) -> Result<Vec<(usize, crate::netlink::TcStats)>, DatapathError> {
+        let cfg = self.config()?;
+        let (ifindex, major) = match (entity == abi::NODE_ENTITY, dir) {
+            (true, Direction::Ingress) => (cfg.node_in_ifindex, devices::major(None)),
+            (true, Direction::Egress) => (
+                if cfg.node_out != 0 {
+                    cfg.uplink_ifindex
+                } else {
+                    0
+                },
+                devices::major(None),
+            ),
+            (false, Direction::Ingress) => (cfg.ns_in_ifindex, devices::major(Some(dir))),
+            (false, Direction::Egress) => (cfg.ns_out_ifindex, devices::major(Some(dir))),
+        };
+        if ifindex == 0 {
+            return Ok(Vec::new());
+        }
+        let groups = self.entity(entity)?.groups[dir.index()];
+        let stats = Rtnl::new()?.class_stats(ifindex)?;
+        Ok(groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| **g != 0)
+            .filter_map(|(k, g)| {
+                let id = crate::netlink::handle(major, *g);
+                stats.iter().find(|s| s.handle == id).map(|s| (k, *s))
+            })
+            .collect())
+    }
+}
