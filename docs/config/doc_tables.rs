@@ -39,6 +39,20 @@ pub fn example(page: &str, lang: &str) -> String {
     page[start..end].to_owned()
 }
 
+/// The text of every fenced block of `lang` in `page`, in order.
+pub fn examples(page: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    let mut out = Vec::new();
+    let mut rest = page;
+    while let Some(i) = rest.find(&fence) {
+        let body = &rest[i + fence.len()..];
+        let end = body.find("```").expect("an unterminated example");
+        out.push(body[..end].to_owned());
+        rest = &body[end + 3..];
+    }
+    out
+}
+
 /// The field names serde lists in its unknown-field error ("unknown field `x`, expected one
 /// of `a`, `b`" or "expected `a`"): the parser's own list of the keys it accepts.
 pub fn expected_fields(message: &str) -> BTreeSet<String> {

@@ -144,13 +144,32 @@ struct RawLimits {
     node_egress_rate: Option<RawRate>,
 }
 
+/// A named class: its prefixes and [`RawLimits`]' keys. Spelled out rather than flattened:
+/// serde then names the accepted keys when it refuses an unknown one.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct RawClass {
     #[serde(default)]
     cidrs: Vec<String>,
-    #[serde(flatten)]
-    limits: RawLimits,
+    pod_ingress_rate: Option<RawRate>,
+    pod_egress_rate: Option<RawRate>,
+    namespace_ingress_rate: Option<RawRate>,
+    namespace_egress_rate: Option<RawRate>,
+    node_ingress_rate: Option<RawRate>,
+    node_egress_rate: Option<RawRate>,
+}
+
+impl RawClass {
+    fn limits(&self) -> RawLimits {
+        RawLimits {
+            pod_ingress_rate: self.pod_ingress_rate.clone(),
+            pod_egress_rate: self.pod_egress_rate.clone(),
+            namespace_ingress_rate: self.namespace_ingress_rate.clone(),
+            namespace_egress_rate: self.namespace_egress_rate.clone(),
+            node_ingress_rate: self.node_ingress_rate.clone(),
+            node_egress_rate: self.node_egress_rate.clone(),
+        }
+    }
 }
 
 /// A namespace's override of a class's pod and namespace limits.
@@ -427,7 +446,7 @@ impl Policy {
             apply_limits(
                 &format!("classes.{name}"),
                 name,
-                &c.limits,
+                &c.limits(),
                 &mut defaults,
                 Some(&mut node),
             )?;
