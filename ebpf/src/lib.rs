@@ -48,6 +48,7 @@ pub mod netlink;
 mod object;
 pub mod pod;
 pub mod policy;
+pub mod shadow;
 pub mod shape;
 pub mod tuning;
 

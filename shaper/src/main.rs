@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use aliasnet_ebpf::{Datapath, DEFAULT_PIN_ROOT};
+use aliasnet_ebpf::{shadow::shadowed_class_prefixes, Datapath, DEFAULT_PIN_ROOT};
 use aliasnet_shaper::{
     metrics::{self, Aggregation, Exporter, ExporterOptions},
     Policy, DEFAULT_POLICY_PATH,
@@ -98,6 +98,23 @@ fn parse_policy(path: &Path, text: Option<&str>) -> Result<Policy> {
     }
 }
 
+/// Warns about each class prefix that puts no address into its class (equal to a blocked
+/// prefix, or covered by more specific prefixes of other lists): valid policy, rarely meant.
+/// Returns how many there are.
+fn warn_shadowed(path: &Path, policy: &Policy) -> usize {
+    let view: Vec<_> = policy.prefixes().into_iter().collect();
+    let classes: Vec<_> = policy
+        .classes
+        .iter()
+        .map(|(name, cidrs)| (name.clone(), cidrs.clone()))
+        .collect();
+    let found = shadowed_class_prefixes(&view, &classes);
+    for s in &found {
+        warn!("policy {}: {s}", path.display());
+    }
+    found.len()
+}
+
 struct Daemon {
     args: Args,
     dp: Datapath,
@@ -120,6 +137,7 @@ impl Daemon {
             warn!(path = %self.args.config.display(), "no policy file: using defaults (cloud metadata blocked, all traffic internet, no limits)");
         }
         let policy = parse_policy(&self.args.config, text.as_deref())?;
+        warn_shadowed(&self.args.config, &policy);
         let report = self.dp.apply_policy(&policy).context("apply policy")?;
         info!(
             epoch = report.epoch,
@@ -166,10 +184,12 @@ fn main() -> Result<()> {
     if args.check {
         let text = read_policy_text(&args.config)?;
         let policy = parse_policy(&args.config, text.as_deref())?;
+        let shadowed = warn_shadowed(&args.config, &policy);
         info!(
             prefixes = policy.prefixes().len(),
             classes = policy.classes.len(),
             namespaces = policy.datapath.namespaces.len(),
+            shadowed,
             "policy {} is valid",
             args.config.display()
         );
