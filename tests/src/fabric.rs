@@ -33,6 +33,9 @@ use crate::{
 /// The internet host's addresses (TEST-NET-3 and TEST-NET-2).
 pub const INTERNET_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 pub const INTERNET_IP2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// A third address of the internet host, on its link: a destination tests can put in a named
+/// class of its own (`203.0.113.20/32`) while the rest of the link stays plain internet.
+pub const MIRROR_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
 /// The internet host's IPv6 addresses (documentation prefix 2001:db8::/32): one on its link,
 /// one behind it (as 198.51.100.10 is).
 pub const INTERNET_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x10);
@@ -199,7 +202,7 @@ impl Fabric {
         let internet = Netns::new(&format!("an{tag}-inet"))?;
         internet.exec("sysctl", &["-qw", "net.ipv6.conf.default.accept_dad=0"])?;
 
-        // The internet: 203.0.113.0/24 link, 198.51.100.10 behind it.
+        // The internet: 203.0.113.0/24 link (.10 and .20), 198.51.100.10 behind it.
         vnet.ip(&[
             "link",
             "add",
@@ -215,6 +218,7 @@ impl Fabric {
         vnet.ip(&["addr", "add", "203.0.113.1/24", "dev", "inet"])?;
         vnet.ip(&["link", "set", "inet", "up"])?;
         internet.ip(&["addr", "add", "203.0.113.10/24", "dev", "eth0"])?;
+        internet.ip(&["addr", "add", &format!("{MIRROR_IP}/24"), "dev", "eth0"])?;
         internet.ip(&["addr", "add", "198.51.100.10/32", "dev", "lo"])?;
         internet.ip(&["link", "set", "eth0", "up"])?;
         internet.ip(&["route", "add", "default", "via", "203.0.113.1"])?;

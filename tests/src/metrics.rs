@@ -295,9 +295,45 @@ pub fn dashboard_exprs(v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// Grafana variables as the dashboard's "All" selection and a rate window.
-pub fn grafana_to_promql(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m")
-        .replace("$instance", ".*")
-        .replace("$namespace", ".*")
+/// The dashboard's template variables with the values its queries get by default: the
+/// "All" value of a variable that includes all and selects it, else the current value.
+pub fn dashboard_variables(dash: &Value) -> Vec<(String, String)> {
+    let mut vars: Vec<(String, String)> = dash["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["type"] != "datasource")
+        .map(|v| {
+            let name = v["name"].as_str().expect("variable name").to_owned();
+            let current = v["current"]["value"].as_str().unwrap_or_default();
+            let value = if current == "$__all" {
+                v["allValue"].as_str().expect("allValue")
+            } else {
+                current
+            };
+            (name, value.to_owned())
+        })
+        .collect();
+    // Longest names first: `$price` must not replace the start of `$price_per_gb`.
+    vars.sort_by_key(|(n, _)| std::cmp::Reverse(n.len()));
+    vars
+}
+
+/// A dashboard expression as Grafana sends it with the dashboard's defaults (`vars`, from
+/// [`dashboard_variables`]), a 1-minute rate window and a 5-minute range.
+pub fn grafana_to_promql(expr: &str, vars: &[(String, String)]) -> String {
+    let mut e = expr
+        .replace("$__rate_interval", "1m")
+        .replace("$__range", "5m");
+    for (name, value) in vars {
+        for form in [
+            format!("${{{name}:raw}}"),
+            format!("${{{name}}}"),
+            format!("${name}"),
+        ] {
+            e = e.replace(&form, value);
+        }
+    }
+    assert!(!e.contains('$'), "an unknown variable in {expr:?}: {e}");
+    e
 }

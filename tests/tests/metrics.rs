@@ -13,10 +13,11 @@ use std::{
 };
 
 use aliasnet_tests::{
-    fabric::{Fabric, FabricOpts, Pod, DEFAULT_POLICY, INTERNET_IP, INTERNET_IP2},
+    fabric::{Fabric, FabricOpts, Pod, DEFAULT_POLICY, INTERNET_IP, INTERNET_IP2, MIRROR_IP},
     metrics::{
-        dashboard_exprs, dashboard_file, grafana_to_promql, promtool_check_metrics, rules_file,
-        wait_metrics, Prometheus, IPAMD_METRICS, SHAPERD_METRICS,
+        dashboard_exprs, dashboard_file, dashboard_variables, grafana_to_promql,
+        promtool_check_metrics, rules_file, wait_metrics, Prometheus, IPAMD_METRICS,
+        SHAPERD_METRICS,
     },
     require_root, require_tool,
 };
@@ -33,7 +34,8 @@ fn ping(pod: &Pod, dst: Ipv4Addr, n: u32, size: u32, interval: &str) -> u32 {
 /// real Prometheus; then every dashboard and rule expression must return data and every
 /// alert must be pending or firing (the scenario provokes each: a full pool, failing
 /// allocations, an unreachable metadata endpoint, blocked traffic, a pod without its egress
-/// HTB).
+/// HTB). The policy has a named class and limits at every level, so the class series, the
+/// limit gauges and what the budget and cost panels read exist.
 #[test]
 fn prometheus_sees_exact_traffic_and_every_dashboard_and_rule_query_has_data() {
     require_root();
@@ -44,7 +46,16 @@ fn prometheus_sees_exact_traffic_and_every_dashboard_and_rule_query_has_data() {
     const NB: u32 = 1000; // pings to a blocked destination
     let frame = u64::from(S) + 8 + 20 + 14; // ICMP + IPv4 + Ethernet headers
     let policy = format!(
-        "{DEFAULT_POLICY}blocked_cidrs = [\"198.51.100.0/24\"]\npod_internet_egress_rate = \"100M\"\n"
+        r#"{DEFAULT_POLICY}blocked_cidrs = ["198.51.100.0/24"]
+pod_internet_egress_rate = "100M"
+[internet]
+namespace_ingress_rate = "1G"
+node_ingress_rate = "2G"
+[classes.mirrors]
+cidrs = ["{MIRROR_IP}/32"]
+pod_ingress_rate = "200M"
+namespace_ingress_rate = "500M"
+"#
     );
     // A small static pool to exhaust, and a metadata pool whose endpoint never answers.
     let pool = r#"cidrs = ["10.240.1.0/29"]
@@ -94,6 +105,11 @@ timeout = "500ms"
         "pod->internet pings answered"
     );
     assert_eq!(
+        ping(&a, MIRROR_IP, N, S, "0.05"),
+        N,
+        "pod->mirrors pings answered"
+    );
+    assert_eq!(
         ping(&a, INTERNET_IP2, NB, S, "0.002"),
         0,
         "blocked pings dropped"
@@ -120,6 +136,9 @@ timeout = "500ms"
         (pod("a", "packets", "egress", "blocked"), nb),
         (pod("a", "bytes", "egress", "blocked"), nb * fr),
         (pod("a", "packets", "ingress", "blocked"), 0.0),
+        (pod("a", "packets", "egress", "mirrors"), n),
+        (pod("a", "bytes", "ingress", "mirrors"), n * fr),
+        (pod("b", "bytes", "ingress", "mirrors"), 0.0),
         (pod("b", "packets", "egress", "internet"), 0.0),
         (
             r#"aliasnet_pod_drops_total{pod="a",direction="egress",reason="blocked"}"#.into(),
@@ -149,10 +168,31 @@ timeout = "500ms"
             r#"aliasnet_node_packets_total{direction="egress",class="blocked"}"#.into(),
             nb,
         ),
+        (
+            r#"aliasnet_node_bytes_total{direction="ingress",class="mirrors"}"#.into(),
+            n * fr,
+        ),
         // 100 Mbit/s from node policy, exported in bytes/s.
         (
             r#"aliasnet_pod_bandwidth_limit_bytes_per_second{pod="a",direction="egress",class="internet"}"#.into(),
             12_500_000.0,
+        ),
+        // Limits of every level, by class.
+        (
+            r#"aliasnet_pod_bandwidth_limit_bytes_per_second{pod="a",direction="ingress",class="mirrors"}"#.into(),
+            25_000_000.0,
+        ),
+        (
+            r#"aliasnet_namespace_bandwidth_limit_bytes_per_second{namespace="test",direction="ingress",class="internet"}"#.into(),
+            125_000_000.0,
+        ),
+        (
+            r#"aliasnet_namespace_bandwidth_limit_bytes_per_second{namespace="test",direction="ingress",class="mirrors"}"#.into(),
+            62_500_000.0,
+        ),
+        (
+            r#"aliasnet_node_bandwidth_limit_bytes_per_second{direction="ingress",class="internet"}"#.into(),
+            250_000_000.0,
         ),
         (
             r#"aliasnet_datapath_backend_info{backend="htb"}"#.into(),
@@ -267,6 +307,7 @@ timeout = "500ms"
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(dashboard_file()).expect("read dashboard"))
             .expect("dashboard is JSON");
+    let vars = dashboard_variables(&dashboard);
     let mut exprs = Vec::new();
     dashboard_exprs(&dashboard, &mut exprs);
     assert!(
@@ -304,7 +345,7 @@ timeout = "500ms"
     loop {
         empty = exprs
             .iter()
-            .map(|e| grafana_to_promql(e))
+            .map(|e| grafana_to_promql(e, &vars))
             .filter(|e| prom.query(e).is_empty())
             .collect();
         if empty.is_empty() || start.elapsed() > Duration::from_secs(60) {
@@ -392,6 +433,10 @@ fn monitoring_files_pass_promtool_and_are_well_formed() {
         "Pool utilisation",
         "CNI latency p99 by verb",
         "CNI operations by verb and result",
+        "Downloads by class",
+        "Namespace download budget",
+        "Namespace limit usage",
+        "Internet cost by namespace and class",
     ];
     let titles: Vec<&str> = dash["panels"]
         .as_array()
@@ -402,4 +447,33 @@ fn monitoring_files_pass_promtool_and_are_well_formed() {
     for t in required {
         assert!(titles.contains(&t), "dashboard lacks panel {t:?}");
     }
+
+    // Every expression is PromQL once Grafana's variables are filled in with the dashboard's
+    // defaults (each is a defined variable): promtool parses them as recording rules.
+    let vars = dashboard_variables(&dash);
+    for (name, value) in &vars {
+        assert!(!value.is_empty(), "variable {name} has no default");
+    }
+    let mut yaml = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, e) in exprs.iter().enumerate() {
+        let promql = grafana_to_promql(e, &vars);
+        yaml.push_str(&format!(
+            "      - record: dashboard:expr_{i}\n        expr: {}\n",
+            serde_json::to_string(&promql).expect("a JSON string is a YAML scalar")
+        ));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("dashboard-rules.yml");
+    std::fs::write(&file, &yaml).expect("write");
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool check rules");
+    assert!(
+        out.status.success(),
+        "dashboard expressions are not PromQL: {}{}\n{yaml}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -8,7 +8,7 @@ use std::{
 };
 
 use aliasnet_tests::{
-    fabric::{Fabric, Pod, INTERNET_IP},
+    fabric::{Fabric, FabricOpts, Pod, DEFAULT_POLICY, INTERNET_IP, MIRROR_IP},
     metrics::{http_get, http_raw, promtool_check_metrics, wait_metrics, SHAPERD_METRICS},
     require_root, require_tool, ChildGuard,
 };
@@ -150,11 +150,19 @@ fn check_exposition(body: &str) {
 }
 
 /// `--aggregate namespace`: no pod label, values are the sums of the pods' (read from a
-/// second exporter on the same maps in per-pod mode).
+/// second exporter on the same maps in per-pod mode), a named class's included; the
+/// namespace's limit gauges stay, the pods' go.
 #[test]
 fn namespace_aggregation_sums_pods_without_the_pod_label() {
     require_root();
-    let f = Fabric::one_node();
+    let f = Fabric::new(FabricOpts {
+        nodes: 1,
+        shaper_policy: format!(
+            "{DEFAULT_POLICY}[classes.mirrors]\ncidrs = [\"{MIRROR_IP}/32\"]\npod_egress_rate = \"300M\"\nnamespace_ingress_rate = \"400M\"\n"
+        ),
+        ..FabricOpts::default()
+    })
+    .expect("fabric");
     let node = f.node(1);
     let ns = node.ns.path();
     wait_metrics(&ns, SHAPERD_METRICS);
@@ -183,6 +191,8 @@ fn namespace_aggregation_sums_pods_without_the_pod_label() {
     let b = node.add_pod("b").expect("b");
     assert!(a.ping(b.ip, &[]));
     assert!(b.ping(INTERNET_IP, &[]));
+    assert!(a.ping(MIRROR_IP, &[]));
+    assert!(b.ping(MIRROR_IP, &[]));
 
     let parse = |body: &str| -> HashMap<String, f64> {
         body.lines()
@@ -205,10 +215,18 @@ fn namespace_aggregation_sums_pods_without_the_pod_label() {
         !body.contains("aliasnet_pod_bandwidth_limit"),
         "limits are per pod only"
     );
+    assert!(per_pod.contains_key(
+        r#"aliasnet_pod_bandwidth_limit_bytes_per_second{namespace="test",pod="a",direction="egress",class="mirrors"}"#
+    ));
+    let limit = r#"aliasnet_namespace_bandwidth_limit_bytes_per_second{namespace="test",direction="ingress",class="mirrors"}"#;
+    assert_eq!(agg_samples.get(limit), Some(&50_000_000.0), "{body}");
+    assert_eq!(per_pod.get(limit), Some(&50_000_000.0));
     for (dir, class) in [
         ("egress", "internal"),
         ("ingress", "internal"),
         ("egress", "internet"),
+        ("egress", "mirrors"),
+        ("ingress", "mirrors"),
     ] {
         for what in ["packets", "bytes"] {
             let sum: f64 = ["a", "b"]
