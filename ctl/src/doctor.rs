@@ -10,7 +10,8 @@ use std::{
 use aliasnet_ebpf::{
     abi,
     netlink::{Link, Rtnl},
-    PodRecord,
+    shadow::{classes_in_view, shadowed_class_prefixes, view_of_active},
+    Datapath, PodRecord,
 };
 use aliasnet_ipam_proto::{host_veth_name, Lease, RECOVERED_NETWORK};
 use serde::Serialize;
@@ -32,6 +33,7 @@ pub enum Check {
     ProgramMissing,
     MtuMismatch,
     ShapingBelowFrame,
+    ClassShadowed,
     Sysctl,
 }
 
@@ -342,6 +344,10 @@ fn collect(g: &Global, o: &Options) -> Report {
         }
     }
 
+    if let Ok(dp) = &datapath {
+        findings.extend(shadowed_classes(dp));
+    }
+
     // Sysctls of the node's network namespace (/proc/sys/net is per netns).
     if read_sysctl("/proc/sys/net/ipv4/ip_forward") != Some(1) {
         findings.push(Finding {
@@ -370,6 +376,50 @@ fn collect(g: &Global, o: &Options) -> Report {
         checked,
         findings,
     }
+}
+
+/// Named classes of the policy in force with prefixes that put no address into the class:
+/// the classifier's other lists take all of them (see `aliasnet_ebpf::shadow`).
+fn shadowed_classes(dp: &Datapath) -> Vec<Finding> {
+    let (active, names) = match (dp.active_prefixes(), dp.class_names()) {
+        (Ok(a), Ok(n)) => (a, n),
+        (Err(e), _) | (_, Err(e)) => {
+            return vec![Finding {
+                check: Check::DatapathMissing,
+                subject: dp.pins().root.display().to_string(),
+                problem: format!("classifier prefixes unreadable: {e}; class checks skipped"),
+                fix: "restart aliasnet-shaperd on this node".into(),
+            }]
+        }
+    };
+    let view = view_of_active(&active, &names);
+    let classes = classes_in_view(&view, names.into_iter().flatten());
+    shadowed_class_prefixes(&view, &classes)
+        .into_iter()
+        .map(|s| {
+            let (subject, what) = match s.prefix {
+                Some(p) => (
+                    format!("class {} {p}", s.class),
+                    format!("{p} from [classes.{}] cidrs, or the prefixes that take it", s.class),
+                ),
+                None => (
+                    format!("class {}", s.class),
+                    format!(
+                        "[classes.{}] if it is not needed, or give it prefixes that are not blocked",
+                        s.class
+                    ),
+                ),
+            };
+            Finding {
+                check: Check::ClassShadowed,
+                subject,
+                problem: s.to_string(),
+                fix: format!(
+                    "kubectl -n kube-system edit configmap aliasnet-config   # shaper.toml: remove {what}"
+                ),
+            }
+        })
+        .collect()
 }
 
 /// Shaping points on device `dev` (`ifindex`, `mtu`, in the calling thread's netns) that are
@@ -454,6 +504,7 @@ fn short(c: Check) -> &'static str {
         Check::ProgramMissing => "(program missing)",
         Check::MtuMismatch => "(MTU mismatch)",
         Check::ShapingBelowFrame => "(shaping point below a frame)",
+        Check::ClassShadowed => "(class shadowed)",
         Check::Sysctl => "(sysctl)",
     }
 }

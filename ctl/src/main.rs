@@ -6,6 +6,7 @@
 
 #![deny(clippy::print_stdout)]
 
+mod classes;
 mod daemons;
 mod doctor;
 mod http;
@@ -83,21 +84,21 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Daemons reachable, programs attached per pod, pool usage, kernel features, config in force.
+    /// Daemons reachable, programs attached per pod, pool usage, kernel features, config in force (classes, limits of every level, traffic by class).
     #[command(
         after_help = "Examples:\n  aliasnetctl status\n  aliasnetctl status --json | jq '.problems'\n  aliasnetctl status --socket /run/aliasnet/ipamd.sock --shaperd-metrics 10.0.0.5:9546\n\nExits 1 when anything is down or missing (everything is still printed)."
     )]
     Status,
-    /// Attached pods: IP, namespace/pod, limits, counters per traffic class.
+    /// Attached pods: IP, namespace/pod, limits and counters per traffic class (every named class).
     #[command(
-        after_help = "Examples:\n  aliasnetctl pods\n  aliasnetctl pods --namespace training\n  aliasnetctl pods --json | jq '.[] | {pod, internet: .egress.internet.bytes}'\n\nCounters are read from the pinned eBPF maps; they count from the pod's attach."
+        after_help = "Examples:\n  aliasnetctl pods\n  aliasnetctl pods --namespace training\n  aliasnetctl pods --json | jq '.[] | {pod, internet: .egress.internet.bytes}'\n  aliasnetctl pods --json | jq '.[] | {pod, mirrors: .ingress.classes.mirrors.bytes, limit: .limits.classes.mirrors.ingress}'\n\nCounters are read from the pinned eBPF maps; they count from the pod's attach. Internet counts include the named classes."
     )]
     Pods {
         /// Only pods of this Kubernetes namespace.
         #[arg(long, short = 'n')]
         namespace: Option<String>,
     },
-    /// Live per-pod internal/internet rates, refreshed in place like top(1).
+    /// Live per-pod internal/internet rates and those of each named class, with the pod's limits, refreshed in place like top(1).
     #[command(
         after_help = "Examples:\n  aliasnetctl top\n  aliasnetctl top --interval 5 --sort total --limit 20\n  aliasnetctl top --once\n  aliasnetctl top --iterations 3 --json   # one JSON object per line\n\nRates are bit/s over each interval (blocked: packets/s). Ctrl-C quits."
     )]
@@ -118,8 +119,9 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
-    /// Find leases without a veth, veths without a lease, missing programs, MTU mismatches and
-    /// wrong sysctls, each with the command that fixes it.
+    /// Find leases without a veth, veths without a lease, missing programs, MTU mismatches,
+    /// class prefixes that other lists shadow and wrong sysctls, each with the command that
+    /// fixes it.
     #[command(
         after_help = "Examples:\n  aliasnetctl doctor\n  aliasnetctl doctor --json | jq -r '.findings[].fix'\n  aliasnetctl doctor --veth-prefix ali --grace 60\n\nRun it in the node's network namespace. Exits 1 when it found something."
     )]

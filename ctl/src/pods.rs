@@ -1,32 +1,28 @@
 //! `aliasnetctl pods`: every attached pod with its limits and counters per class.
 
+use std::collections::BTreeMap;
+
 use aliasnet_ebpf::{
-    abi::{Class, Direction},
+    abi::{self, Class, Direction},
     PodRecord,
 };
 use serde::Serialize;
 
 use crate::{
+    classes::{self, bytes, ByClass},
     daemons,
-    output::{print, print_json, rate, si, Table},
+    output::{print, print_json, rate, Table},
     Global,
 };
 
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Count {
-    pub packets: u64,
-    pub bytes: u64,
-}
-
-/// Counters of one direction, per class.
+/// A named class's limits of a pod, bit/s; `null` = unlimited.
 #[derive(Debug, Clone, Serialize)]
-pub struct ByClass {
-    pub internal: Count,
-    pub internet: Count,
-    pub blocked: Count,
-    pub other: Count,
+pub struct ClassLimit {
+    pub ingress: Option<u64>,
+    pub egress: Option<u64>,
 }
 
+/// The pod's limits in force (its own and the policy's, the policy a ceiling).
 #[derive(Debug, Clone, Serialize)]
 pub struct Limits {
     /// bit/s; `null` = unlimited.
@@ -34,6 +30,8 @@ pub struct Limits {
     pub egress: Option<u64>,
     pub internet_egress: Option<u64>,
     pub internet_ingress: Option<u64>,
+    /// Every named class, limited or not.
+    pub classes: BTreeMap<String, ClassLimit>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -66,23 +64,13 @@ pub struct Pod {
     pub drops: Drops,
 }
 
-fn by_class(r: &PodRecord, d: Direction) -> ByClass {
-    let c = |cl| {
-        let v = r.counters.get(d, cl);
-        Count {
-            packets: v.packets,
-            bytes: v.bytes,
-        }
-    };
-    ByClass {
-        internal: c(Class::Internal),
-        internet: c(Class::Internet),
-        blocked: c(Class::Blocked),
-        other: c(Class::Other),
-    }
-}
-
-pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) -> Pod {
+/// `named`: the named classes in force ([`classes::named`]).
+pub fn pod_of(
+    dp: &aliasnet_ebpf::Datapath,
+    r: &PodRecord,
+    named: &[(Class, String)],
+    with_qdiscs: bool,
+) -> Pod {
     let nz = |v: u64| (v != 0).then_some(v);
     let stats = if with_qdiscs {
         dp.shaping_stats(r).ok()
@@ -106,9 +94,20 @@ pub fn pod_of(dp: &aliasnet_ebpf::Datapath, r: &PodRecord, with_qdiscs: bool) ->
             egress: nz(m.egress_rate()),
             internet_egress: nz(m.internet_egress_rate()),
             internet_ingress: nz(m.internet_ingress_rate()),
+            classes: named
+                .iter()
+                .map(|(c, name)| {
+                    let kind = abi::KIND_NAMED + (c.index() - abi::CLASS_NAMED as usize);
+                    let l = ClassLimit {
+                        ingress: m.limit(Direction::Ingress, kind),
+                        egress: m.limit(Direction::Egress, kind),
+                    };
+                    (name.clone(), l)
+                })
+                .collect(),
         },
-        egress: by_class(r, Direction::Egress),
-        ingress: by_class(r, Direction::Ingress),
+        egress: ByClass::of(&r.counters, Direction::Egress, named),
+        ingress: ByClass::of(&r.counters, Direction::Ingress, named),
         drops: Drops {
             blocked: r.counters.get(Direction::Egress, Class::Blocked).packets
                 + r.counters.get(Direction::Ingress, Class::Blocked).packets,
@@ -133,10 +132,14 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
     let records = dp
         .pods()
         .map_err(|e| anyhow::anyhow!("reading pod records under {}: {e}", g.pin_root.display()))?;
+    let names = dp
+        .class_names()
+        .map_err(|e| anyhow::anyhow!("reading class names under {}: {e}", g.pin_root.display()))?;
+    let named = classes::named(&names);
     let mut pods: Vec<Pod> = records
         .iter()
         .filter(|r| namespace.is_none_or(|n| r.namespace() == n))
-        .map(|r| pod_of(&dp, r, true))
+        .map(|r| pod_of(&dp, r, &named, true))
         .collect();
     pods.sort_by(|a, b| (&a.namespace, &a.pod).cmp(&(&b.namespace, &b.pod)));
     if g.json {
@@ -152,6 +155,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
         "IP",
         "LIMIT IN",
         "LIMIT OUT",
+        "LIMIT INET IN",
         "LIMIT INET OUT",
         "OUT INTERNAL>",
         "OUT INTERNET>",
@@ -162,9 +166,7 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
         "POLICED PKTS>",
         "RATE DROPS>",
     ]);
-    let b = |c: Count| format!("{}B", si(c.bytes as f64));
     for p in &pods {
-        let inet = rate(p.limits.internet_egress);
         let drops = match (p.drops.rate_ingress, p.drops.rate_egress) {
             (Some(i), Some(e)) => (i + e).to_string(),
             _ => "?".into(),
@@ -174,17 +176,34 @@ pub fn run(g: &Global, namespace: Option<&str>) -> anyhow::Result<i32> {
             p.ip.clone(),
             rate(p.limits.ingress),
             rate(p.limits.egress),
-            inet,
-            b(p.egress.internal),
-            b(p.egress.internet),
-            b(p.ingress.internal),
-            b(p.ingress.internet),
+            rate(p.limits.internet_ingress),
+            rate(p.limits.internet_egress),
+            bytes(p.egress.internal),
+            bytes(p.egress.internet),
+            bytes(p.ingress.internal),
+            bytes(p.ingress.internet),
             p.drops.blocked.to_string(),
             p.drops.spoofed.to_string(),
             p.drops.policed.to_string(),
             drops,
         ]);
+        // The named classes: their part of the internet columns, their limits.
+        for (name, l) in &p.limits.classes {
+            let mut row = vec![String::new(); 14];
+            row[0] = format!("  class {name}");
+            row[4] = rate(l.ingress);
+            row[5] = rate(l.egress);
+            row[7] = bytes(p.egress.classes[name]);
+            row[9] = bytes(p.ingress.classes[name]);
+            t.row(row);
+        }
     }
-    print(&t.render());
+    let mut out = t.render();
+    if !named.is_empty() {
+        out.push_str(
+            "\nINTERNET columns include the named classes; a class row shows its part and its limits.\n",
+        );
+    }
+    print(&out);
     Ok(0)
 }

@@ -2,11 +2,12 @@
 
 use std::fmt::Write as _;
 
-use aliasnet_ebpf::abi;
+use aliasnet_ebpf::{abi, Datapath};
 use aliasnet_ipam_proto::PoolStats;
 use serde::Serialize;
 
 use crate::{
+    classes::{self, bytes, ByClass, ClassLimits},
     daemons::{self, Endpoint, Ipamd},
     output::{print, print_json, rate, Table},
     probe::{self, Kernel, Programs},
@@ -37,6 +38,31 @@ struct PodPrograms {
     frame: u32,
     gso_max: u32,
     programs: Programs,
+    /// The pod's limits in force, bit/s.
+    limits: ClassLimits,
+}
+
+/// A named class in force.
+#[derive(Debug, Serialize)]
+struct ClassInfo {
+    name: String,
+    /// Its prefixes in the classifier (both families).
+    prefixes: usize,
+}
+
+/// A namespace's pods on this node together, shaped as one aggregate.
+#[derive(Debug, Serialize)]
+struct NamespaceAggregate {
+    namespace: String,
+    pods: u32,
+    limits: ClassLimits,
+}
+
+/// What the attached pods counted since their attach, by class.
+#[derive(Debug, Default, Serialize)]
+struct Traffic {
+    ingress: ByClass,
+    egress: ByClass,
 }
 
 /// The shaper's configuration as applied to the maps.
@@ -53,6 +79,15 @@ struct DatapathConfig {
     uplink_gso_max: Option<u32>,
     /// `(prefix, class)` of the classifier.
     prefixes: Vec<(String, String)>,
+    classes: Vec<ClassInfo>,
+    /// The limits of each pod, and of all pods of a namespace on this node together, for
+    /// namespaces without limits of their own in the policy.
+    default_pod_limits: ClassLimits,
+    default_namespace_limits: ClassLimits,
+    /// All pods of this node together.
+    node_limits: ClassLimits,
+    /// The namespaces with pods here and limits on them together.
+    namespace_limits: Vec<NamespaceAggregate>,
 }
 
 #[derive(Debug, Serialize)]
@@ -64,6 +99,7 @@ struct DatapathStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     config: Option<DatapathConfig>,
     pods: Vec<PodPrograms>,
+    traffic: Traffic,
 }
 
 #[derive(Debug, Serialize)]
@@ -79,9 +115,67 @@ struct Status {
 
 fn class_name(names: &[Option<String>], c: u32) -> String {
     if (c as usize) < abi::NR_CLASSES {
-        aliasnet_ebpf::Datapath::class_label(names, abi::Class::from_index(c as usize))
+        Datapath::class_label(names, abi::Class::from_index(c as usize))
     } else {
         "other".to_owned()
+    }
+}
+
+/// The namespaces' aggregates in use on this node.
+fn namespace_aggregates(dp: &Datapath, names: &[Option<String>]) -> Vec<NamespaceAggregate> {
+    let mut out: Vec<NamespaceAggregate> = (abi::NODE_ENTITY + 1..abi::MAX_ENTITIES)
+        .filter_map(|e| dp.entity(e).ok())
+        .filter(|rec| rec.flags & abi::ENTITY_IN_USE != 0)
+        .map(|rec| NamespaceAggregate {
+            namespace: abi::cstr(&rec.name),
+            pods: rec.pods,
+            limits: ClassLimits::of(names, &rec.limits),
+        })
+        .collect();
+    out.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+    out
+}
+
+/// The configuration in force, as the maps hold it.
+fn config_of(dp: &Datapath, c: &abi::Config) -> DatapathConfig {
+    let nz = |v: u64| (v != 0).then_some(v);
+    let names = dp.class_names().unwrap_or_default();
+    let defaults = dp.ns_policy("").unwrap_or_default();
+    let node = dp
+        .entity(abi::NODE_ENTITY)
+        .map(|e| e.limits)
+        .unwrap_or_default();
+    let active = dp.active_prefixes().unwrap_or_default();
+    let mut class_infos: Vec<ClassInfo> = classes::named(&names)
+        .into_iter()
+        .map(|(class, name)| ClassInfo {
+            prefixes: active
+                .iter()
+                .filter(|(_, _, c)| *c as usize == class.index())
+                .count(),
+            name,
+        })
+        .collect();
+    class_infos.sort_by(|a, b| a.name.cmp(&b.name));
+    DatapathConfig {
+        abi_version: c.abi_version,
+        policy_epoch: c.policy_epoch,
+        default_pod_internet_egress_rate: defaults
+            .pod
+            .get(abi::Direction::Egress, abi::KIND_INTERNET),
+        node_internet_egress_cap: nz(node.rate[abi::DIR_EGRESS][abi::KIND_INTERNET]),
+        uplink_ifindex: (c.uplink_ifindex != 0).then_some(c.uplink_ifindex),
+        uplink_frame: (c.uplink_frame != 0).then_some(c.uplink_frame),
+        uplink_gso_max: (c.uplink_gso_max != 0).then_some(c.uplink_gso_max),
+        prefixes: active
+            .iter()
+            .map(|(a, l, c)| (format!("{a}/{l}"), class_name(&names, *c)))
+            .collect(),
+        classes: class_infos,
+        default_pod_limits: ClassLimits::of(&names, &defaults.pod),
+        default_namespace_limits: ClassLimits::of(&names, &defaults.ns),
+        node_limits: ClassLimits::of(&names, &node),
+        namespace_limits: namespace_aggregates(dp, &names),
     }
 }
 
@@ -136,39 +230,26 @@ fn collect(g: &Global) -> Status {
         error: None,
         config: None,
         pods: Vec::new(),
+        traffic: Traffic::default(),
     };
     match daemons::open_datapath(&g.pin_root) {
         Ok(dp) => {
             datapath.installed = true;
             if let Ok(c) = dp.config() {
-                let nz = |v: u64| (v != 0).then_some(v);
-                datapath.config = Some(DatapathConfig {
-                    abi_version: c.abi_version,
-                    policy_epoch: c.policy_epoch,
-                    default_pod_internet_egress_rate: dp
-                        .ns_policy("")
-                        .ok()
-                        .and_then(|p| p.pod.get(abi::Direction::Egress, abi::KIND_INTERNET)),
-                    node_internet_egress_cap: dp
-                        .entity(abi::NODE_ENTITY)
-                        .ok()
-                        .and_then(|e| nz(e.limits.rate[abi::DIR_EGRESS][abi::KIND_INTERNET])),
-                    uplink_ifindex: (c.uplink_ifindex != 0).then_some(c.uplink_ifindex),
-                    uplink_frame: (c.uplink_frame != 0).then_some(c.uplink_frame),
-                    uplink_gso_max: (c.uplink_gso_max != 0).then_some(c.uplink_gso_max),
-                    prefixes: dp
-                        .active_prefixes()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(a, l, c)| {
-                            let names = dp.class_names().unwrap_or_default();
-                            (format!("{a}/{l}"), class_name(&names, c))
-                        })
-                        .collect(),
-                });
+                datapath.config = Some(config_of(&dp, &c));
             }
             match dp.pods() {
                 Ok(pods) => {
+                    let names = dp.class_names().unwrap_or_default();
+                    let named = classes::named(&names);
+                    let mut total = abi::PodCounters::default();
+                    for rec in &pods {
+                        total += rec.counters;
+                    }
+                    datapath.traffic = Traffic {
+                        ingress: ByClass::of(&total, abi::Direction::Ingress, &named),
+                        egress: ByClass::of(&total, abi::Direction::Egress, &named),
+                    };
                     for rec in pods {
                         let programs = probe::programs_of(&dp, &rec);
                         if !programs.complete() {
@@ -186,6 +267,7 @@ fn collect(g: &Global) -> Status {
                             frame: rec.meta.frame,
                             gso_max: rec.meta.gso_max,
                             programs,
+                            limits: ClassLimits::of(&names, &rec.meta.limits),
                         });
                     }
                 }
@@ -315,6 +397,50 @@ fn human(s: &Status) -> String {
                 .map(|(p, cl)| format!("{p}={cl}"))
                 .collect();
             let _ = writeln!(o, "prefixes: {}", prefixes.join(" "));
+            if !c.classes.is_empty() {
+                let cl: Vec<String> = c
+                    .classes
+                    .iter()
+                    .map(|k| {
+                        let unit = if k.prefixes == 1 {
+                            "prefix"
+                        } else {
+                            "prefixes"
+                        };
+                        format!("{} ({} {unit})", k.name, k.prefixes)
+                    })
+                    .collect();
+                let _ = writeln!(o, "classes: {}", cl.join(", "));
+            }
+            let _ = writeln!(o, "\nLIMITS (bit/s; internet includes the named classes)");
+            let mut t = Table::new(&["LEVEL", "NAMESPACE", "PODS>", "LIMITS"]);
+            t.row(vec![
+                "each pod".into(),
+                "(default)".into(),
+                String::new(),
+                c.default_pod_limits.human(),
+            ]);
+            t.row(vec![
+                "namespace on this node".into(),
+                "(default)".into(),
+                String::new(),
+                c.default_namespace_limits.human(),
+            ]);
+            for n in &c.namespace_limits {
+                t.row(vec![
+                    "namespace on this node".into(),
+                    n.namespace.clone(),
+                    n.pods.to_string(),
+                    n.limits.human(),
+                ]);
+            }
+            t.row(vec![
+                "node".into(),
+                String::new(),
+                s.datapath.pods.len().to_string(),
+                c.node_limits.human(),
+            ]);
+            o.push_str(&t.render());
         }
         (None, Some(e)) => {
             let _ = writeln!(o, "{e}");
@@ -322,6 +448,33 @@ fn human(s: &Status) -> String {
         (None, None) => {}
     }
     if !s.datapath.pods.is_empty() {
+        let _ = writeln!(o, "\nTRAFFIC of the attached pods since their attach");
+        let tr = &s.datapath.traffic;
+        let mut t = Table::new(&["CLASS", "IN>", "OUT>"]);
+        t.row(vec![
+            "internal".into(),
+            bytes(tr.ingress.internal),
+            bytes(tr.egress.internal),
+        ]);
+        t.row(vec![
+            "internet".into(),
+            bytes(tr.ingress.internet),
+            bytes(tr.egress.internet),
+        ]);
+        for (name, c) in &tr.ingress.classes {
+            t.row(vec![
+                format!("  {name}"),
+                bytes(*c),
+                bytes(tr.egress.classes[name]),
+            ]);
+        }
+        t.row(vec![
+            "blocked".into(),
+            bytes(tr.ingress.blocked),
+            bytes(tr.egress.blocked),
+        ]);
+        o.push_str(&t.render());
+        let _ = writeln!(o);
         let mut t = Table::new(&[
             "POD",
             "IP",
@@ -332,6 +485,7 @@ fn human(s: &Status) -> String {
             "HOST EGRESS",
             "POD EGRESS",
             "POD HTB",
+            "LIMITS",
         ]);
         for p in &s.datapath.pods {
             t.row(vec![
@@ -344,6 +498,7 @@ fn human(s: &Status) -> String {
                 p.programs.host_egress.short().into(),
                 p.programs.pod_egress.short().into(),
                 p.programs.pod_htb.short().into(),
+                p.limits.human(),
             ]);
         }
         o.push_str(&t.render());

@@ -2,14 +2,19 @@
 //! messages when a daemon is down (`doctor` is in doctor.rs). The CLI runs inside the node's
 //! netns (`nsenter --net`, bpffs stays visible), as on a real node.
 
-use std::{io::Read, path::Path, process::Stdio};
+use std::{
+    io::Read,
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
 
 use aliasnet_ipam_proto::{AttachmentKey, PodRef, Request, Response};
 use aliasnet_tests::{
     ctl::{
         assert_clean_error, by_pod, ctl, ctl_cmd, ctl_json, findings, kernel_has_fq, stderr, stdout,
     },
-    fabric::{Fabric, INTERNET_IP},
+    fabric::{Fabric, FabricOpts, DEFAULT_POLICY, INTERNET_IP, MIRROR_IP},
     require_root,
 };
 use serde_json::Value;
@@ -345,4 +350,199 @@ fn commands_explain_daemons_that_are_down() {
         .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(2), "{err}");
     assert!(err.contains("unrecognized subcommand"), "{err}");
+}
+
+/// Named classes in `pods`, `top` and `status`: the bytes of every class, the pods' limits by
+/// class, and (`status`) the node's and the namespaces' aggregate limits.
+#[test]
+fn pods_top_and_status_show_every_class_and_the_limits_by_class() {
+    require_root();
+    const N: u32 = 5;
+    const S: u32 = 500;
+    let frame = u64::from(S) + 42;
+    let f = Fabric::new(FabricOpts {
+        nodes: 1,
+        shaper_policy: format!(
+            r#"{DEFAULT_POLICY}
+[internet]
+pod_ingress_rate = "300M"
+namespace_ingress_rate = "1G"
+node_ingress_rate = "2G"
+[classes.mirrors]
+cidrs = ["{MIRROR_IP}/32"]
+pod_ingress_rate = "200M"
+pod_egress_rate = "20M"
+namespace_ingress_rate = "500M"
+[classes.datasets]
+cidrs = ["192.0.2.0/24", "2001:db8:5::/48"]
+"#
+        ),
+        ..FabricOpts::default()
+    })
+    .expect("fabric");
+    let node = f.node(1);
+    let a = node.add_pod("a").expect("a");
+    let b = node.add_pod("b").expect("b");
+    let n = N.to_string();
+    let s = S.to_string();
+    for dst in [MIRROR_IP, INTERNET_IP] {
+        let o =
+            a.ns.exec_status(
+                "ping",
+                &["-c", &n, "-s", &s, "-i", "0.05", "-q", &dst.to_string()],
+            )
+            .expect("ping");
+        assert!(o.status.success(), "ping {dst}");
+    }
+
+    // pods: each class's bytes, internet including them, the limits by class.
+    let pods = ctl_json(node, &["pods"], 0);
+    let pa = by_pod(&pods, "a");
+    assert_eq!(pa["ingress"]["classes"]["mirrors"]["packets"], N, "{pa:#}");
+    assert_eq!(
+        pa["ingress"]["classes"]["mirrors"]["bytes"],
+        u64::from(N) * frame
+    );
+    assert_eq!(pa["egress"]["classes"]["mirrors"]["packets"], N);
+    assert_eq!(pa["ingress"]["classes"]["datasets"]["packets"], 0);
+    assert_eq!(pa["ingress"]["internet"]["packets"], 2 * N);
+    assert_eq!(pa["limits"]["internet_ingress"], 300_000_000u64);
+    assert_eq!(
+        pa["limits"]["classes"]["mirrors"]["ingress"],
+        200_000_000u64
+    );
+    assert_eq!(pa["limits"]["classes"]["mirrors"]["egress"], 20_000_000u64);
+    assert!(pa["limits"]["classes"]["datasets"]["ingress"].is_null());
+    let text = stdout(&ctl(node, &["pods"]));
+    for want in [
+        "LIMIT INET IN",
+        "class mirrors",
+        "class datasets",
+        "200.0Mbit/s",
+    ] {
+        assert!(text.contains(want), "pods lacks {want:?}:\n{text}");
+    }
+
+    // top: a class's rate while a downloads from it, and the limits by class.
+    let mut load =
+        a.ns.command("ping")
+            .args([
+                "-c",
+                "400",
+                "-i",
+                "0.01",
+                "-s",
+                "1000",
+                "-q",
+                &MIRROR_IP.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("load");
+    let o = ctl(
+        node,
+        &["top", "--iterations", "2", "--interval", "1", "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mine: Vec<Value> = stdout(&o)
+        .lines()
+        .flat_map(|l| {
+            let f: Value = serde_json::from_str(l).expect("one JSON object per line");
+            f["pods"].as_array().cloned().unwrap_or_default()
+        })
+        .filter(|p| p["pod"] == "a")
+        .collect();
+    let busiest = mine
+        .iter()
+        .map(|p| {
+            p["classes"]["mirrors"]["ingress_bps"]
+                .as_f64()
+                .unwrap_or(0.0)
+        })
+        .fold(0.0, f64::max);
+    assert!(
+        busiest > 200_000.0,
+        "top saw mirrors at {busiest} bit/s: {mine:?}"
+    );
+    assert!(
+        mine.iter().all(|p| p["internet_ingress_bps"].as_f64()
+            >= p["classes"]["mirrors"]["ingress_bps"].as_f64()),
+        "internet includes the class: {mine:?}"
+    );
+    assert_eq!(mine[0]["limits"]["ingress"]["mirrors"], 200_000_000u64);
+    assert_eq!(mine[0]["limits"]["ingress"]["internet"], 300_000_000u64);
+    let text = stdout(&ctl(node, &["top", "--once", "--interval", "0.5"]));
+    for want in ["INET LIMIT IN", "class mirrors", "300.0Mbit/s"] {
+        assert!(text.contains(want), "top lacks {want:?}:\n{text}");
+    }
+    let _ = load.kill();
+    let _ = load.wait();
+
+    // status: the classes, the limits of every level, the traffic by class. shaperd forms
+    // the namespace's aggregate within a poll of the pods' ADD.
+    let start = Instant::now();
+    let st = loop {
+        let st = ctl_json(node, &["status"], 0);
+        if st["datapath"]["config"]["namespace_limits"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+        {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no namespace aggregate in {st:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let c = &st["datapath"]["config"];
+    let class = |name: &str| {
+        c["classes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|k| k["name"] == name))
+            .unwrap_or_else(|| panic!("class {name} not in {c:#}"))
+            .clone()
+    };
+    assert_eq!(class("mirrors")["prefixes"], 1);
+    assert_eq!(class("datasets")["prefixes"], 2);
+    assert_eq!(c["node_limits"]["ingress"]["internet"], 2_000_000_000u64);
+    assert_eq!(
+        c["default_pod_limits"]["ingress"]["mirrors"],
+        200_000_000u64
+    );
+    assert_eq!(c["default_pod_limits"]["egress"]["mirrors"], 20_000_000u64);
+    assert_eq!(
+        c["default_namespace_limits"]["ingress"]["internet"],
+        1_000_000_000u64
+    );
+    let ns = &c["namespace_limits"][0];
+    assert_eq!(ns["namespace"], "test", "{c:#}");
+    assert_eq!(ns["pods"], 2);
+    assert_eq!(ns["limits"]["ingress"]["mirrors"], 500_000_000u64);
+    let tr = &st["datapath"]["traffic"];
+    assert!(
+        tr["ingress"]["classes"]["mirrors"]["packets"].as_u64() >= Some(u64::from(N)),
+        "{tr:#}"
+    );
+    assert_eq!(tr["ingress"]["classes"]["datasets"]["bytes"], 0);
+    let pa = st["datapath"]["pods"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["pod"] == "a"))
+        .expect("a in status");
+    assert_eq!(pa["limits"]["ingress"]["mirrors"], 200_000_000u64);
+    let text = stdout(&ctl(node, &["status"]));
+    for want in [
+        "classes: datasets (2 prefixes), mirrors (1 prefix)",
+        "LIMITS",
+        "namespace on this node",
+        "in: internet 2.0Gbit/s",
+        "in: internet 1.0Gbit/s, mirrors 500.0Mbit/s",
+        "TRAFFIC",
+        "  mirrors",
+    ] {
+        assert!(text.contains(want), "status lacks {want:?}:\n{text}");
+    }
+
+    node.del_pod(&a).expect_ok("DEL a");
+    node.del_pod(&b).expect_ok("DEL b");
 }

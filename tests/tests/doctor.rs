@@ -274,3 +274,106 @@ fn doctor_reports_shaping_points_below_a_frame_and_status_shows_the_sizes() {
         .contains("kubectl delete pod"));
     node.del_pod(&p).expect_ok("DEL s");
 }
+
+/// Class prefixes the policy's other lists shadow: doctor names each (and a class left with
+/// no prefix), with the class and what takes its addresses; aliasnet-shaperd warns when it
+/// applies such a policy; once the policy no longer has them, doctor is content.
+#[test]
+fn doctor_flags_class_prefixes_other_lists_shadow() {
+    require_root();
+    let f = Fabric::new(FabricOpts {
+        nodes: 1,
+        shaper_policy: r#"
+internal_cidrs = ["10.0.0.0/8", "fd00::/8", "203.0.113.0/25"]
+blocked_cidrs = ["203.0.113.128/25", "192.0.2.0/24"]
+[classes.mirrors]
+cidrs = ["203.0.113.0/24", "2001:db8:1::/48"]
+[classes.dead]
+cidrs = ["192.0.2.0/24"]
+"#
+        .into(),
+        ..FabricOpts::default()
+    })
+    .expect("fabric");
+    let node = f.node(1);
+    let a = node.add_pod("a").expect("a");
+
+    let report = ctl_json(node, &["doctor", "--grace", "0"], 1);
+    let shadowed: Vec<Value> = findings(&report)
+        .into_iter()
+        .filter(|f| f["check"] == "class_shadowed")
+        .collect();
+    assert_eq!(shadowed.len(), 2, "{report:#}");
+    let find = |subject: &str| {
+        shadowed
+            .iter()
+            .find(|f| f["subject"] == subject)
+            .unwrap_or_else(|| panic!("no class_shadowed finding for {subject} in {report:#}"))
+    };
+    let mirrors = find("class mirrors 203.0.113.0/24");
+    let problem = mirrors["problem"].as_str().unwrap();
+    assert!(
+        problem.contains("covered entirely by more specific prefixes of other lists")
+            && problem.contains("203.0.113.0/25 internal")
+            && problem.contains("203.0.113.128/25 blocked"),
+        "{mirrors}"
+    );
+    // Its IPv6 prefix still counts: the class as a whole is not dead.
+    assert!(!problem.contains("counts and limits nothing"), "{mirrors}");
+    assert!(mirrors["fix"]
+        .as_str()
+        .unwrap()
+        .contains("203.0.113.0/24 from [classes.mirrors] cidrs"));
+    let dead = find("class dead");
+    assert!(
+        dead["problem"]
+            .as_str()
+            .unwrap()
+            .contains("class dead has no prefix in the classifier"),
+        "{dead}"
+    );
+    let text = stdout(&ctl(node, &["doctor", "--grace", "0"]));
+    for want in [
+        "class_shadowed",
+        "(class shadowed)",
+        "kubectl -n kube-system edit configmap aliasnet-config",
+    ] {
+        assert!(text.contains(want), "doctor lacks {want:?}:\n{text}");
+    }
+    // The daemon (started after `--once` applied the policy) warns when it applies it.
+    let start = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&node.shaper_paths.log).unwrap_or_default();
+        if log.contains("203.0.113.0/24 of class mirrors is covered entirely")
+            && log.contains("192.0.2.0/24 of class dead is also blocked")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "shaperd did not warn:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The fix: a policy without them (shaperd reloads it within its poll interval).
+    std::fs::write(
+        &node.shaper_paths.config,
+        "internal_cidrs = [\"10.0.0.0/8\", \"fd00::/8\"]\n[classes.mirrors]\ncidrs = [\"203.0.113.0/24\"]\n",
+    )
+    .expect("write policy");
+    let start = Instant::now();
+    loop {
+        let o = ctl(node, &["doctor", "--grace", "0", "--json"]);
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "doctor still unhappy after the policy was fixed: {}",
+            stdout(&o)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    node.del_pod(&a).expect_ok("DEL a");
+}

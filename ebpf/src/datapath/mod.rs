@@ -218,6 +218,19 @@ impl Datapath {
         }
     }
 
+    /// The `class` a limit of `kind` carries in metrics and tools: `all` for a total limit,
+    /// `internet`, or a named class's name (`None` for an index that has none now).
+    pub fn kind_label(names: &[Option<String>], kind: usize) -> Option<String> {
+        match kind {
+            abi::KIND_TOTAL => Some("all".to_owned()),
+            abi::KIND_INTERNET => Some(crate::INTERNET.to_owned()),
+            k => names
+                .get(k.checked_sub(abi::KIND_NAMED)?)
+                .cloned()
+                .flatten(),
+        }
+    }
+
     /// Tells shaperd that the set of attached pods changed (it reconciles the aggregates).
     pub(crate) fn bump_pods_epoch(&mut self) -> Result<(), DatapathError> {
         let mut cfg = self.config()?;

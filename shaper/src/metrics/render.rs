@@ -71,22 +71,12 @@ struct Families {
     version: String,
 }
 
-/// The `class` label of a limit of `kind`: `all` for a total limit, `internet`, or a named
-/// class's name.
-fn kind_label(names: &[Option<String>], kind: usize) -> Option<String> {
-    match kind {
-        abi::KIND_TOTAL => Some("all".to_owned()),
-        abi::KIND_INTERNET => Some("internet".to_owned()),
-        k => names.get(k - abi::KIND_NAMED).cloned().flatten(),
-    }
-}
-
 /// `(direction, class label, bytes/s)` of every limit of `r`.
 fn limit_series(names: &[Option<String>], r: &abi::Rates) -> Vec<(Direction, String, i64)> {
     let mut out = Vec::new();
     for dir in Direction::ALL {
         for k in 0..abi::NR_KINDS {
-            if let (Some(v), Some(label)) = (r.get(dir, k), kind_label(names, k)) {
+            if let (Some(v), Some(label)) = (r.get(dir, k), Datapath::kind_label(names, k)) {
                 // Bytes, not bits: Prometheus base units (promtool rejects `bits`). Gauges
                 // are i64 or f64 in prometheus-client; limits are far below 2^63.
                 out.push((dir, label, i64::try_from(v / 8).unwrap_or(i64::MAX)));
