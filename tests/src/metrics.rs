@@ -92,6 +92,23 @@ pub fn promtool_check_metrics(text: &str) -> (i32, String) {
     )
 }
 
+/// Asserts `promtool check KIND FILE` succeeds (`config`, `rules`).
+#[track_caller]
+pub fn assert_promtool_check(kind: &str, file: &Path) {
+    let out = Command::new("promtool")
+        .args(["check", kind])
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("promtool (Debian package prometheus) is needed: {e}"));
+    assert!(
+        out.status.success(),
+        "promtool check {kind} {}: {}{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn urlencode(s: &str) -> String {
     let mut out = String::with_capacity(s.len() * 3);
     for b in s.bytes() {
@@ -157,17 +174,7 @@ scrape_configs:
         );
         let cfg = dir.path().join("prometheus.yml");
         std::fs::write(&cfg, config).expect("write prometheus.yml");
-        let out = Command::new("promtool")
-            .args(["check", "config"])
-            .arg(&cfg)
-            .output()
-            .expect("promtool check config");
-        assert!(
-            out.status.success(),
-            "promtool check config: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_promtool_check("config", &cfg);
         let port = free_port(&ns.path());
         let addr = format!("127.0.0.1:{port}");
         let log = File::create(dir.path().join("prometheus.log")).expect("log");

@@ -4,8 +4,9 @@
 
 use std::{
     io::Read,
+    net::Ipv4Addr,
     path::Path,
-    process::Stdio,
+    process::{Child, Output, Stdio},
     time::{Duration, Instant},
 };
 
@@ -14,10 +15,44 @@ use aliasnet_tests::{
     ctl::{
         assert_clean_error, by_pod, ctl, ctl_cmd, ctl_json, findings, kernel_has_fq, stderr, stdout,
     },
-    fabric::{Fabric, FabricOpts, DEFAULT_POLICY, INTERNET_IP, MIRROR_IP},
+    fabric::{Fabric, FabricOpts, Pod, DEFAULT_POLICY, INTERNET_IP, MIRROR_IP},
     require_root,
 };
 use serde_json::Value;
+
+/// `n` pings of `size` bytes from `pod` to each of `dsts`, every one answered.
+fn pings(pod: &Pod, dsts: &[Ipv4Addr], n: u32, size: u32) {
+    for dst in dsts {
+        let p = pod.ping_summary(*dst, n, size, "0.05");
+        assert_eq!((p.sent, p.received), (n, n), "ping {dst}");
+    }
+}
+
+/// ~100 pings/s of 1000 bytes from `pod` to `dst` for 4 s in the background: load for `top`.
+fn ping_load(pod: &Pod, dst: Ipv4Addr) -> Child {
+    let dst = dst.to_string();
+    pod.ns
+        .command("ping")
+        .args(["-c", "400", "-i", "0.01", "-s", "1000", "-q", &dst])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("load")
+}
+
+/// Pod `name`'s entries of every refresh of `top --json`.
+fn top_json(o: &Output, name: &str) -> Vec<Value> {
+    assert!(o.status.success(), "{}", stderr(o));
+    let frames: Vec<Value> = stdout(o)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(frames.len(), 2, "{}", stdout(o));
+    frames
+        .iter()
+        .flat_map(|f| f["pods"].as_array().cloned().unwrap_or_default())
+        .filter(|p| p["pod"] == name)
+        .collect()
+}
 
 #[test]
 fn status_pods_top_and_ipam_describe_the_node() {
@@ -29,16 +64,7 @@ fn status_pods_top_and_ipam_describe_the_node() {
     let node = f.node(1);
     let a = node.add_pod("a").expect("a");
     let b = node.add_pod("b").expect("b");
-    let (n, s) = (N.to_string(), S.to_string());
-    for dst in [b.ip, INTERNET_IP] {
-        let o =
-            a.ns.exec_status(
-                "ping",
-                &["-c", &n, "-s", &s, "-i", "0.05", "-q", &dst.to_string()],
-            )
-            .expect("ping");
-        assert!(o.status.success(), "ping {dst}");
-    }
+    pings(&a, &[b.ip, INTERNET_IP], N, S);
 
     // --help with examples, for every command.
     for cmd in [
@@ -141,35 +167,13 @@ fn status_pods_top_and_ipam_describe_the_node() {
     );
 
     // top: rates while a sends to b.
-    let mut load =
-        a.ns.command("ping")
-            .args([
-                "-c",
-                "400",
-                "-i",
-                "0.01",
-                "-s",
-                "1000",
-                "-q",
-                &b.ip.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("load");
+    let mut load = ping_load(&a, b.ip);
     let o = ctl(
         node,
         &["top", "--iterations", "2", "--interval", "1", "--json"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let frames: Vec<Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
-    assert_eq!(frames.len(), 2, "{}", stdout(&o));
-    let busiest = frames
+    let busiest = top_json(&o, "a")
         .iter()
-        .flat_map(|f| f["pods"].as_array().cloned().unwrap_or_default())
-        .filter(|p| p["pod"] == "a")
         .map(|p| p["internal_egress_bps"].as_f64().unwrap_or(0.0))
         .fold(0.0, f64::max);
     // ~100 packets/s of 1042 bytes: ~0.8 Mbit/s.
@@ -383,17 +387,7 @@ cidrs = ["192.0.2.0/24", "2001:db8:5::/48"]
     let node = f.node(1);
     let a = node.add_pod("a").expect("a");
     let b = node.add_pod("b").expect("b");
-    let n = N.to_string();
-    let s = S.to_string();
-    for dst in [MIRROR_IP, INTERNET_IP] {
-        let o =
-            a.ns.exec_status(
-                "ping",
-                &["-c", &n, "-s", &s, "-i", "0.05", "-q", &dst.to_string()],
-            )
-            .expect("ping");
-        assert!(o.status.success(), "ping {dst}");
-    }
+    pings(&a, &[MIRROR_IP, INTERNET_IP], N, S);
 
     // pods: each class's bytes, internet including them, the limits by class.
     let pods = ctl_json(node, &["pods"], 0);
@@ -424,34 +418,12 @@ cidrs = ["192.0.2.0/24", "2001:db8:5::/48"]
     }
 
     // top: a class's rate while a downloads from it, and the limits by class.
-    let mut load =
-        a.ns.command("ping")
-            .args([
-                "-c",
-                "400",
-                "-i",
-                "0.01",
-                "-s",
-                "1000",
-                "-q",
-                &MIRROR_IP.to_string(),
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("load");
+    let mut load = ping_load(&a, MIRROR_IP);
     let o = ctl(
         node,
         &["top", "--iterations", "2", "--interval", "1", "--json"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let mine: Vec<Value> = stdout(&o)
-        .lines()
-        .flat_map(|l| {
-            let f: Value = serde_json::from_str(l).expect("one JSON object per line");
-            f["pods"].as_array().cloned().unwrap_or_default()
-        })
-        .filter(|p| p["pod"] == "a")
-        .collect();
+    let mine = top_json(&o, "a");
     let busiest = mine
         .iter()
         .map(|p| {

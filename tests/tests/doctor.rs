@@ -6,10 +6,28 @@ use std::time::{Duration, Instant};
 use aliasnet_ipam_proto::{AttachmentKey, PodRef, Request, Response};
 use aliasnet_tests::{
     ctl::{apply_fix, by_pod, ctl, ctl_json, findings, stdout},
-    fabric::{Fabric, FabricOpts},
+    fabric::{Fabric, FabricOpts, Node},
     require_root, test_mtu,
 };
 use serde_json::{json, Value};
+
+/// Polls `doctor` until it finds nothing (10 s at most).
+#[track_caller]
+fn wait_doctor_ok(node: &Node, when: &str) {
+    let start = Instant::now();
+    loop {
+        let o = ctl(node, &["doctor", "--grace", "0", "--json"]);
+        if o.status.success() {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "doctor still unhappy {when}: {}",
+            stdout(&o)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
 
 #[test]
 fn doctor_finds_broken_state_and_its_fixes_work() {
@@ -182,20 +200,8 @@ fn doctor_finds_broken_state_and_its_fixes_work() {
     // What `kubectl delete pod` leads to: DEL and a fresh ADD.
     node.del_pod(&b).expect_ok("DEL b");
     let b = node.add_pod("b").expect("b again");
-    let start = Instant::now();
-    loop {
-        let o = ctl(node, &["doctor", "--grace", "0", "--json"]);
-        if o.status.success() {
-            break;
-        }
-        // The daemon deletes a released veth asynchronously; give it a moment.
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "doctor still unhappy: {}",
-            stdout(&o)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // The daemon deletes a released veth asynchronously; give it a moment.
+    wait_doctor_ok(node, "after the pod was recreated");
     assert!(a.ping(b.ip, &[]), "the node forwards again");
     node.del_pod(&a).expect_ok("DEL a");
     node.del_pod(&b).expect_ok("DEL b");
@@ -362,18 +368,6 @@ cidrs = ["192.0.2.0/24"]
         "internal_cidrs = [\"10.0.0.0/8\", \"fd00::/8\"]\n[classes.mirrors]\ncidrs = [\"203.0.113.0/24\"]\n",
     )
     .expect("write policy");
-    let start = Instant::now();
-    loop {
-        let o = ctl(node, &["doctor", "--grace", "0", "--json"]);
-        if o.status.success() {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "doctor still unhappy after the policy was fixed: {}",
-            stdout(&o)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_doctor_ok(node, "after the policy was fixed");
     node.del_pod(&a).expect_ok("DEL a");
 }

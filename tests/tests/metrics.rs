@@ -8,16 +8,15 @@
 
 use std::{
     net::Ipv4Addr,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use aliasnet_tests::{
     fabric::{Fabric, FabricOpts, Pod, DEFAULT_POLICY, INTERNET_IP, INTERNET_IP2, MIRROR_IP},
     metrics::{
-        dashboard_exprs, dashboard_file, dashboard_variables, grafana_to_promql,
-        promtool_check_metrics, rules_file, wait_metrics, Prometheus, IPAMD_METRICS,
-        SHAPERD_METRICS,
+        assert_promtool_check, dashboard_exprs, dashboard_file, dashboard_variables,
+        grafana_to_promql, promtool_check_metrics, rules_file, wait_metrics, Prometheus,
+        IPAMD_METRICS, SHAPERD_METRICS,
     },
     require_root, require_tool,
 };
@@ -392,17 +391,7 @@ timeout = "500ms"
 #[test]
 fn monitoring_files_pass_promtool_and_are_well_formed() {
     require_tool("promtool", "prometheus");
-    let out = Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(rules_file())
-        .output()
-        .expect("promtool check rules");
-    assert!(
-        out.status.success(),
-        "promtool check rules: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_promtool_check("rules", &rules_file());
     let dash: Value =
         serde_json::from_str(&std::fs::read_to_string(dashboard_file()).expect("dashboard"))
             .expect("dashboard JSON");
@@ -465,15 +454,5 @@ fn monitoring_files_pass_promtool_and_are_well_formed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("dashboard-rules.yml");
     std::fs::write(&file, &yaml).expect("write");
-    let out = Command::new("promtool")
-        .args(["check", "rules"])
-        .arg(&file)
-        .output()
-        .expect("promtool check rules");
-    assert!(
-        out.status.success(),
-        "dashboard expressions are not PromQL: {}{}\n{yaml}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_promtool_check("rules", &file);
 }
