@@ -236,25 +236,13 @@ impl Datapath {
         for (e, row) in &groups {
             let mut rec = self.entity(*e)?;
             let before = rec.groups;
-            for d in 0..abi::NR_DIRS {
-                for k in 0..abi::NR_KINDS {
-                    if rec.groups[d][k] != row[d][k] {
-                        rec.groups[d][k] = 0;
-                    }
-                }
-            }
+            withdraw_changed(&mut rec.groups, row);
             if rec.groups != before {
                 self.set_entity(*e, rec)?;
             }
         }
         let mut node_rec = node;
-        for d in 0..abi::NR_DIRS {
-            for k in 0..abi::NR_KINDS {
-                if node_rec.groups[d][k] != node_groups[d][k] {
-                    node_rec.groups[d][k] = 0;
-                }
-            }
-        }
+        withdraw_changed(&mut node_rec.groups, &node_groups);
         self.set_entity(abi::NODE_ENTITY, node_rec)?;
 
         let frame = devices::frame(self, u64::from(cfg.uplink_frame))?;
@@ -441,6 +429,19 @@ impl Datapath {
             }
         }
         Ok(())
+    }
+}
+
+/// Clears every group of `groups` that `wanted` does not have at the same place: the programs
+/// stop using it before the devices change.
+fn withdraw_changed(
+    groups: &mut [[u16; abi::NR_KINDS]; abi::NR_DIRS],
+    wanted: &[[u16; abi::NR_KINDS]; abi::NR_DIRS],
+) {
+    for (have, want) in groups.iter_mut().flatten().zip(wanted.iter().flatten()) {
+        if have != want {
+            *have = 0;
+        }
     }
 }
 
