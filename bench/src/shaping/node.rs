@@ -317,6 +317,7 @@ impl Bench {
                 margin: 3,
             }),
             client_port: None,
+            server_output: false,
         };
         // Segments sent come from the sender's kernel: the handshake's MSS can be lowered
         // (a slow class on a jumbo-frame device), so bytes / MSS would not do.
