@@ -352,6 +352,7 @@ fn a_bbr_download_is_held_by_the_window_clamp_and_pings_pass_it() {
             margin: 2,
         }),
         client_port: Some(apart_from_the_pings),
+        server_output: false,
     };
     let (v, ping) = f
         .iperf_run("inet", "pod", POD_IP, 5, &opts)

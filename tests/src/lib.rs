@@ -6,7 +6,7 @@
 //! - [`netns`]: a named namespace removed on drop, `ip` and commands inside it.
 //! - [`fabric`]: the simulated VNet below (nodes running the real daemons, pods wired by the
 //!   real plugin).
-//! - [`single`]: one node with a hand-wired pod, an internet host and an internal peer, and a
+//! - [`single`]: one node with hand-wired pods, an internet host and an internal peer, and a
 //!   private bpffs ([`bpffs`]): the datapath tests and the shaping benchmarks.
 //! - [`datapath`]: a node's pinned datapath as the tests read it (records, attachments).
 //! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;

@@ -1,6 +1,6 @@
-//! One node with one pod wired by hand (as the plugin would), an "internet" host and an
-//! internal peer, plus a private bpffs for the pins: the datapath tests and the shaping
-//! benchmarks. Everything is created per instance and removed on drop.
+//! One node with pods wired by hand (as the plugin would), an "internet" host and an
+//! internal peer, plus a private bpffs for the pins: the datapath tests, the rate matrix and
+//! the shaping benchmarks. Everything is created per instance and removed on drop.
 //!
 //! ```text
 //!  pod (10.20.0.5/32)                    node                           inet
@@ -8,9 +8,14 @@
 //!   default via 169.254.1.1                                              lo 203.0.113.10 (internet)
 //!   (permanent neighbour                                                 lo 198.51.100.7 (blocked)
 //!    = vh1's MAC)                                                        lo 169.254.169.254 (metadata)
+//!                                                                        lo 198.51.100.20 (a named class)
 //!                                        vp0 100.64.1.1 ─── int0 100.64.1.2 (peer)
 //!                                                                   lo 10.30.0.10 (internal)
 //! ```
+//!
+//! More pods ([`SingleNode::add_pods`]) are wired the same way: pod `i` (role `pod<i>`,
+//! [`pod_role`]) has address [`pod_ip`]`(i)` on host veth [`host_veth`]`(i)`; pod 0 is the
+//! one above.
 
 use std::{
     path::{Path, PathBuf},
@@ -33,6 +38,30 @@ pub const INTERNET: &str = "203.0.113.10";
 pub const BLOCKED: &str = "198.51.100.7";
 pub const METADATA: &str = "169.254.169.254";
 pub const INTERNAL: &str = "10.30.0.10";
+/// A second internet address, for a named destination class (`cidrs = ["198.51.100.20/32"]`).
+pub const MIRROR: &str = "198.51.100.20";
+
+/// The role of pod `i`: `pod` for the first, `pod<i>` for the others.
+pub fn pod_role(i: usize) -> String {
+    if i == 0 {
+        "pod".to_owned()
+    } else {
+        format!("pod{i}")
+    }
+}
+
+/// The address of pod `i` (pod 0's is [`POD_IP`]).
+pub fn pod_ip(i: usize) -> String {
+    format!("10.20.0.{}", 5 + i)
+}
+
+/// The host veth of pod `i` in the node (pod 0's is `vh1`).
+pub fn host_veth(i: usize) -> String {
+    format!("vh{}", i + 1)
+}
+
+/// Pods a topology can have (their addresses stay in 10.20.0.0/24).
+pub const MAX_PODS: usize = 250;
 
 /// Serialises the instances of one process that ask for it: they measure throughput and
 /// share the CPUs with other work.
@@ -77,6 +106,8 @@ pub struct SingleNode {
     pub shaperd_bin: PathBuf,
     pub shaperd_log: PathBuf,
     pod: Netns,
+    /// Pods 1.. ([`Self::add_pods`]).
+    pods: Vec<Netns>,
     peer: Netns,
     inet: Netns,
     node: Netns,
@@ -122,6 +153,7 @@ impl SingleNode {
             shaperd_bin: crate::bin_dir().join("aliasnet-shaperd"),
             shaperd_log,
             pod,
+            pods: Vec::new(),
             peer,
             inet,
             node,
@@ -131,15 +163,36 @@ impl SingleNode {
         Ok(f)
     }
 
-    /// The namespace of `role` (`node`, `pod`, `inet`, `peer`).
+    /// The namespace of `role` (`node`, `pod`, `pod<i>`, `inet`, `peer`).
     pub fn netns(&self, role: &str) -> &Netns {
         match role {
             "node" => &self.node,
             "pod" => &self.pod,
             "inet" => &self.inet,
             "peer" => &self.peer,
-            other => panic!("no namespace role {other:?}"),
+            other => other
+                .strip_prefix("pod")
+                .and_then(|i| i.parse::<usize>().ok())
+                .and_then(|i| self.pods.get(i.checked_sub(1)?))
+                .unwrap_or_else(|| panic!("no namespace role {other:?}")),
         }
+    }
+
+    /// Pods in the topology (pod 0 and those [`Self::add_pods`] added).
+    pub fn pod_count(&self) -> usize {
+        1 + self.pods.len()
+    }
+
+    /// Adds pods until the topology has `n`, each wired as pod 0 is.
+    pub fn add_pods(&mut self, n: usize) -> Result<()> {
+        anyhow::ensure!(n <= MAX_PODS, "at most {MAX_PODS} pods");
+        while self.pod_count() < n {
+            let i = self.pod_count();
+            self.pods
+                .push(Netns::new(&format!("{}-{}", self.prefix, pod_role(i)))?);
+            self.wire_pod(i)?;
+        }
+        Ok(())
     }
 
     pub fn ns(&self, role: &str) -> String {
@@ -160,46 +213,80 @@ impl SingleNode {
     }
 
     fn wire(&self) -> Result<()> {
-        let (node, pod, inet, peer) = (
-            self.ns("node"),
-            self.ns("pod"),
-            self.ns("inet"),
-            self.ns("peer"),
-        );
-        let (up, pm) = (
-            self.links.uplink_mtu.to_string(),
-            self.links.pod_mtu.to_string(),
-        );
-        for (host, mtu, peer_name, ns) in [
-            ("vh1", &pm, "eth0", &pod),
-            ("up0", &up, "ext0", &inet),
-            ("vp0", &up, "int0", &peer),
-        ] {
+        let (node, inet, peer) = (self.ns("node"), self.ns("inet"), self.ns("peer"));
+        let up = self.links.uplink_mtu.to_string();
+        for (host, mtu, peer_name, ns) in [("up0", &up, "ext0", &inet), ("vp0", &up, "int0", &peer)]
+        {
             ip(&[
                 "-n", &node, "link", "add", host, "mtu", mtu, "type", "veth", "peer", "name",
                 peer_name, "mtu", mtu, "netns", ns,
             ])?;
         }
         if self.links.gro {
-            for l in ["vh1", "up0", "vp0"] {
+            for l in ["up0", "vp0"] {
                 self.run("node", &["ethtool", "-K", l, "gro", "on"])?;
             }
         }
         self.run("node", &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         let n = |args: &[&str]| self.node.ip(args).map(drop);
-        for l in ["vh1", "up0", "vp0"] {
+        for l in ["up0", "vp0"] {
             n(&["link", "set", l, "up"])?;
         }
         n(&["addr", "add", "100.64.0.1/30", "dev", "up0"])?;
         n(&["addr", "add", "100.64.1.1/30", "dev", "vp0"])?;
         n(&["route", "add", "default", "via", "100.64.0.2"])?;
         n(&["route", "add", "10.30.0.0/16", "via", "100.64.1.2"])?;
-        n(&["route", "add", &format!("{POD_IP}/32"), "dev", "vh1"])?;
+        self.wire_pod(0)?;
 
-        let mac = self.try_mac("node", "vh1")?;
-        let p = |args: &[&str]| self.pod.ip(args).map(drop);
+        let i = |args: &[&str]| self.inet.ip(args).map(drop);
+        i(&["link", "set", "ext0", "up"])?;
+        i(&["addr", "add", "100.64.0.2/30", "dev", "ext0"])?;
+        for a in [INTERNET, BLOCKED, METADATA, MIRROR] {
+            i(&["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
+        }
+        i(&["route", "add", "10.20.0.0/16", "via", "100.64.0.1"])?;
+
+        let q = |args: &[&str]| self.peer.ip(args).map(drop);
+        q(&["link", "set", "int0", "up"])?;
+        q(&["addr", "add", "100.64.1.2/30", "dev", "int0"])?;
+        q(&["addr", "add", &format!("{INTERNAL}/32"), "dev", "lo"])?;
+        q(&["route", "add", "10.20.0.0/16", "via", "100.64.1.1"])?;
+        Ok(())
+    }
+
+    /// Pod `i`'s veth pair, address, routes and gateway, as the plugin sets them up.
+    fn wire_pod(&self, i: usize) -> Result<()> {
+        let (role, host, ip_addr) = (pod_role(i), host_veth(i), pod_ip(i));
+        let (pod, pm) = (self.ns(&role), self.links.pod_mtu.to_string());
+        ip(&[
+            "-n",
+            &self.ns("node"),
+            "link",
+            "add",
+            &host,
+            "mtu",
+            &pm,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "mtu",
+            &pm,
+            "netns",
+            &pod,
+        ])?;
+        if self.links.gro {
+            self.run("node", &["ethtool", "-K", &host, "gro", "on"])?;
+        }
+        let n = |args: &[&str]| self.node.ip(args).map(drop);
+        n(&["link", "set", &host, "up"])?;
+        n(&["route", "add", &format!("{ip_addr}/32"), "dev", &host])?;
+
+        let mac = self.try_mac("node", &host)?;
+        let p = |args: &[&str]| self.netns(&role).ip(args).map(drop);
         p(&["link", "set", "eth0", "up"])?;
-        p(&["addr", "add", &format!("{POD_IP}/32"), "dev", "eth0"])?;
+        p(&["addr", "add", &format!("{ip_addr}/32"), "dev", "eth0"])?;
         p(&[
             "route",
             "add",
@@ -229,20 +316,6 @@ impl SingleNode {
             "nud",
             "permanent",
         ])?;
-
-        let i = |args: &[&str]| self.inet.ip(args).map(drop);
-        i(&["link", "set", "ext0", "up"])?;
-        i(&["addr", "add", "100.64.0.2/30", "dev", "ext0"])?;
-        for a in [INTERNET, BLOCKED, METADATA] {
-            i(&["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
-        }
-        i(&["route", "add", "10.20.0.0/16", "via", "100.64.0.1"])?;
-
-        let q = |args: &[&str]| self.peer.ip(args).map(drop);
-        q(&["link", "set", "int0", "up"])?;
-        q(&["addr", "add", "100.64.1.2/30", "dev", "int0"])?;
-        q(&["addr", "add", &format!("{INTERNAL}/32"), "dev", "lo"])?;
-        q(&["route", "add", "10.20.0.0/16", "via", "100.64.1.1"])?;
         Ok(())
     }
 
@@ -447,6 +520,7 @@ impl SingleNode {
                 margin: 2,
             }),
             client_port: None,
+            server_output: false,
         };
         let (v, ping) = self
             .iperf_run(sender, receiver, dst, secs, &opts)
@@ -493,6 +567,9 @@ impl SingleNode {
         let cport = o.client_port.map(|pick| pick(server.port).to_string());
         if let Some(c) = &cport {
             args.extend(["--cport", c]);
+        }
+        if o.server_output {
+            args.push("--get-server-output");
         }
         let out = netns_exec(&self.ns(sender), &args)
             .output()
@@ -578,4 +655,7 @@ pub struct IperfOpts<'a> {
     pub ping: Option<PingDuring<'a>>,
     /// The data stream's client port (`--cport`) for the server's port; `None` = ephemeral.
     pub client_port: Option<fn(u16) -> u16>,
+    /// `--get-server-output`: the report also carries the server's own (`server_output_json`),
+    /// the receiver's view of each second when the client sends.
+    pub server_output: bool,
 }

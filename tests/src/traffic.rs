@@ -34,9 +34,19 @@ pub struct IperfServer {
 impl IperfServer {
     pub fn start(ns: &str, addr: &str) -> Result<Self> {
         let port = next_port();
+        // -J: a client's --get-server-output gets the server's report as JSON.
         let child = netns_exec(
             ns,
-            &["iperf3", "-s", "-1", "-B", addr, "-p", &port.to_string()],
+            &[
+                "iperf3",
+                "-s",
+                "-1",
+                "-J",
+                "-B",
+                addr,
+                "-p",
+                &port.to_string(),
+            ],
         )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -201,28 +211,60 @@ pub fn transfers(
     download: bool,
     bitrate: Option<&str>,
 ) -> Result<Vec<serde_json::Value>> {
-    let servers: Vec<IperfServer> = pairs
+    let each: Vec<Transfer> = pairs
         .iter()
-        .map(|(_, ns, addr)| IperfServer::start(ns, addr))
+        .map(|&(client, server, addr)| Transfer {
+            client,
+            server,
+            addr,
+            pace: bitrate,
+        })
+        .collect();
+    run_transfers(&each, secs, cc, download)
+}
+
+/// One transfer of [`run_transfers`].
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer<'a> {
+    /// Where the iperf3 client runs.
+    pub client: &'a Netns,
+    /// The server's namespace and address.
+    pub server: &'a str,
+    pub addr: &'a str,
+    /// The sender's pace (iperf3's `-b`, e.g. "2G"); `None`: as fast as it goes.
+    pub pace: Option<&'a str>,
+}
+
+/// `secs`-second TCP transfers, all at once, each between its client and an iperf3 server
+/// of its own: downloads into the clients (`-R`: the server sends) or uploads from them,
+/// with congestion control `cc` if given. The iperf3 `-J` reports come back in order.
+pub fn run_transfers(
+    each: &[Transfer],
+    secs: u32,
+    cc: Option<&str>,
+    download: bool,
+) -> Result<Vec<serde_json::Value>> {
+    let servers: Vec<IperfServer> = each
+        .iter()
+        .map(|t| IperfServer::start(t.server, t.addr))
         .collect::<Result<_>>()?;
     let secs = secs.to_string();
-    let children: Vec<Child> = pairs
+    let children: Vec<Child> = each
         .iter()
         .zip(&servers)
-        .map(|((c, _, addr), s)| {
-            let addr = *addr;
+        .map(|(t, s)| {
             let port = s.port.to_string();
-            let mut args = vec!["iperf3", "-c", addr, "-p", &port, "-t", &secs, "-J"];
+            let mut args = vec!["iperf3", "-c", t.addr, "-p", &port, "-t", &secs, "-J"];
             if download {
                 args.push("-R");
             }
             if let Some(cc) = cc {
                 args.extend(["-C", cc]);
             }
-            if let Some(b) = bitrate {
+            if let Some(b) = t.pace {
                 args.extend(["-b", b]);
             }
-            netns_exec(&c.name, &args)
+            netns_exec(&t.client.name, &args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

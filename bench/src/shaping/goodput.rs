@@ -1,18 +1,19 @@
 //! The `shaping` and `parallel` sections: goodput, latency under load, retransmits and
-//! fairness of each configuration at each rate.
+//! fairness of each configuration at each rate; with `--internal-download`, a download from
+//! the internal peer into the pod beside every download from the internet.
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Instant};
 
 use aliasnet_ebpf::Limits;
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use serde_json::json;
 
 use super::{
     check_stop, fmt_rate, loadavg, median,
-    node::{Bench, Iperf, INTERNET, POD_IP},
+    node::{Bench, Iperf, BASE_POLICY, INTERNAL, INTERNET, POD_IP},
     Args, Cc, Config, Dir,
 };
-use aliasnet_tests::traffic::Ping;
+use aliasnet_tests::traffic::{received_bps, run_transfers, Ping, Transfer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct ShapeKey {
@@ -36,11 +37,17 @@ struct Sample {
     /// shapes).
     policed: u64,
     idle: Ping,
+    /// The concurrent internal download's goodput, Mbit/s.
+    internal_mbps: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default)]
 struct ShapeStats {
     goodput_pct: Vec<f64>,
+    first_pct: Vec<f64>,
+    zero_seconds: Vec<f64>,
+    ping_above_idle: Vec<f64>,
+    internal_mbps: Vec<f64>,
     l2_pct: Vec<f64>,
     retrans_pct: Vec<f64>,
     ping_avg: Vec<f64>,
@@ -59,8 +66,21 @@ struct ShapeStats {
 fn applies(config: Config, dir: Dir) -> bool {
     match config {
         Config::AliasnetInternet => dir == Dir::Egress,
+        Config::AliasnetDownload => dir == Dir::Ingress,
         _ => true,
     }
+}
+
+/// A download from the internal peer into the pod, paced at `pace`, for `secs`: Mbit/s.
+fn internal_download(b: &Bench, pace: &str, secs: u32, cc: Option<&str>) -> Result<f64> {
+    let t = Transfer {
+        client: b.net.netns("pod"),
+        server: &b.net.netns("peer").name,
+        addr: INTERNAL,
+        pace: Some(pace),
+    };
+    let v = run_transfers(&[t], secs, cc, true)?;
+    Ok(received_bps(&v[0]) / 1e6)
 }
 
 /// Seconds the ping runs: every 0.1 s from 1.5 s to 1.5 s before the end.
@@ -68,7 +88,12 @@ fn pings_expected(secs: u32) -> u32 {
     secs.saturating_sub(3).max(1)
 }
 
-fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
+fn shaping_run(
+    b: &mut Bench,
+    key: ShapeKey,
+    secs: u32,
+    internal_pace: Option<&str>,
+) -> Result<Sample> {
     let rate = key.rate;
     let mut slot = None;
     match key.config {
@@ -92,6 +117,14 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
             })?;
             slot = Some(a.slot);
         }
+        Config::AliasnetDownload => {
+            b.set_features(None)?;
+            b.apply_policy(&format!(
+                "{BASE_POLICY}[internet]\npod_ingress_rate = \"{rate}\"\n"
+            ))?;
+            let a = b.attach(Limits::default())?;
+            slot = Some(a.slot);
+        }
         Config::Bandwidth => b.bandwidth_add(rate)?,
     }
     let result = (|| {
@@ -106,8 +139,9 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
             .map(|s| b.aqm_counters(s))
             .transpose()?
             .unwrap_or_default();
-        let iperf = match key.dir {
-            Dir::Egress => b.iperf(
+        let bench: &Bench = b;
+        let run = || match key.dir {
+            Dir::Egress => bench.iperf(
                 "pod",
                 "inet",
                 INTERNET,
@@ -115,8 +149,8 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
                 secs,
                 key.cc.iperf_cc(),
                 Some(INTERNET),
-            )?,
-            Dir::Ingress => b.iperf(
+            ),
+            Dir::Ingress => bench.iperf(
                 "inet",
                 "pod",
                 POD_IP,
@@ -124,7 +158,20 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
                 secs,
                 key.cc.iperf_cc(),
                 Some(INTERNET),
-            )?,
+            ),
+        };
+        // The internal download beside the download from the internet, both for the
+        // whole run.
+        let (iperf, internal_mbps) = match internal_pace.filter(|_| key.dir == Dir::Ingress) {
+            Some(pace) => std::thread::scope(|s| {
+                let internal = s.spawn(|| internal_download(bench, pace, secs, key.cc.iperf_cc()));
+                let iperf = run();
+                let internal = internal
+                    .join()
+                    .map_err(|_| anyhow!("internal download thread"))?;
+                Ok::<_, anyhow::Error>((iperf?, Some(internal?)))
+            })?,
+            None => (run()?, None),
         };
         let (bytes1, drops1) = b.net.qdisc_counters(role, &dev)?;
         let aqm1 = slot
@@ -132,13 +179,19 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
             .transpose()?
             .unwrap_or_default();
         Ok(Sample {
-            l2_mbps: (bytes1 - bytes0) as f64 * 8.0 / iperf.seconds.max(1e-3) / 1e6,
+            // The root qdisc counts the internal download too: no L2 figure then.
+            l2_mbps: if internal_mbps.is_some() {
+                f64::NAN
+            } else {
+                (bytes1 - bytes0) as f64 * 8.0 / iperf.seconds.max(1e-3) / 1e6
+            },
             qdisc_drops: drops1 - drops0,
             ce: aqm1.0 - aqm0.0,
             aqm_drops: aqm1.1 - aqm0.1,
             policed: aqm1.2 - aqm0.2,
             iperf,
             idle,
+            internal_mbps,
         })
     })();
     match key.config {
@@ -146,6 +199,9 @@ fn shaping_run(b: &mut Bench, key: ShapeKey, secs: u32) -> Result<Sample> {
         _ => {
             b.detach()?;
             b.set_features(None)?;
+            if key.config == Config::AliasnetDownload {
+                b.apply_policy(BASE_POLICY)?;
+            }
         }
     }
     result
@@ -156,7 +212,27 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
     let load0 = loadavg();
     let started = Instant::now();
     let expected = pings_expected(args.secs);
+    let pace = Some(args.pace.as_str())
+        .filter(|_| args.internal_download && args.dirs.contains(&Dir::Ingress));
+    // The internal download alone with nothing attached, by congestion control.
+    let mut unshaped: BTreeMap<Cc, Vec<f64>> = BTreeMap::new();
     for rep in 0..args.reps {
+        // The internal download alone, once per repetition and congestion control.
+        for &cc in args.cc.iter() {
+            let Some(pace) = pace else { break };
+            check_stop()?;
+            b.set_cc_mode(cc)?;
+            let mbps = internal_download(b, pace, args.secs, cc.iperf_cc())?;
+            eprintln!(
+                "rep {rep} {cc:?} internal download alone, nothing attached: {mbps:.0} Mbit/s"
+            );
+            b.record(&json!({
+                "section": "shaping", "rep": rep, "cc_mode": format!("{cc:?}"),
+                "config": "unshaped internal download", "goodput_mbps": mbps,
+                "loadavg": loadavg(),
+            }));
+            unshaped.entry(cc).or_default().push(mbps);
+        }
         for &rate in rates {
             for &cc in &args.cc {
                 b.set_cc_mode(cc)?;
@@ -172,25 +248,31 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
                             dir,
                             config,
                         };
-                        let x =
-                            shaping_run(b, key, args.secs).with_context(|| format!("{key:?}"))?;
+                        let x = shaping_run(b, key, args.secs, pace)
+                            .with_context(|| format!("{key:?}"))?;
                         let r = &x.iperf;
                         let conf = rate as f64 / 1e6;
                         let ping = r.ping.unwrap_or_default();
+                        let seconds = &r.receiver_intervals;
+                        let first = seconds.first().copied().unwrap_or(0.0);
+                        let zero = seconds.iter().filter(|m| **m == 0.0).count();
                         eprintln!(
-                            "rep {rep} {:>9} {:?}/{:?} {:<26} goodput {:7.2} ({:5.1}%) L2 {:5.1}% retrans {:5.2}% ping {:6.2}/{:6.2} ms {:2}/{} flow rtt {:5.1} qdisc drops {} ce {} aqm drops {} policed {} [load {}]",
+                            "rep {rep} {:>9} {:?}/{:?} {:<26} goodput {:7.2} ({:5.1}%, first s {:5.1}%, {zero} s without bytes) L2 {:5.1}% retrans {:5.2}% ping {:6.2}/{:6.2} ms (idle {:.2}) {:2}/{} internal {:?} Mbit/s flow rtt {:5.1} qdisc drops {} ce {} aqm drops {} policed {} [load {}]",
                             fmt_rate(rate),
                             cc,
                             dir,
                             config.name(),
                             r.mbps,
                             100.0 * r.mbps / conf,
+                            100.0 * first / conf,
                             100.0 * x.l2_mbps / conf,
                             r.retrans_pct(),
                             ping.avg,
                             ping.max,
+                            x.idle.avg,
                             ping.received,
                             ping.sent,
+                            x.internal_mbps,
                             r.flow_rtt,
                             x.qdisc_drops,
                             x.ce,
@@ -210,10 +292,16 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
                             "qdisc_drops": x.qdisc_drops, "ce_marked": x.ce,
                             "aqm_drops": x.aqm_drops, "policed": x.policed,
                             "intervals": r.intervals,
+                            "receiver_intervals": seconds,
+                            "internal_mbps": x.internal_mbps,
                             "loadavg": loadavg(),
                         }));
                         let s = stats.entry(key).or_default();
                         s.goodput_pct.push(100.0 * r.mbps / conf);
+                        s.first_pct.push(100.0 * first / conf);
+                        s.zero_seconds.push(zero as f64);
+                        s.ping_above_idle.push(ping.avg - x.idle.avg);
+                        s.internal_mbps.extend(x.internal_mbps);
                         s.l2_pct.push(100.0 * x.l2_mbps / conf);
                         s.retrans_pct.push(r.retrans_pct());
                         s.ping_avg.push(ping.avg);
@@ -244,30 +332,51 @@ pub fn shaping(b: &mut Bench, args: &Args, rates: &[u64], report: &mut String) -
         started.elapsed().as_secs_f64() / 60.0,
         median(&stats.values().flat_map(|s| s.idle_avg.iter().copied()).collect::<Vec<_>>()),
     );
+    if let Some(pace) = pace {
+        let _ = writeln!(
+            report,
+            "Internal download: from the internal peer into the pod, paced at {pace} (iperf3 -b), for the whole run of every download from the internet; \
+             its goodput against the same download with nothing attached ({} runs, median {:.0} Mbit/s). L2 is not given with it (the root qdisc counts both).\n",
+            unshaped.values().map(Vec::len).sum::<usize>(),
+            median(&unshaped.values().flatten().copied().collect::<Vec<_>>()),
+        );
+    }
     let _ = writeln!(
         report,
-        "| CC | rate | direction | config | goodput / configured | L2 / configured | retransmits | ping avg / max ms | ping replies / sent | flow RTT ms | qdisc drops | CE marks | pod-side drops | host veth policed |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| CC | rate | direction | config | goodput / configured | first second / configured | seconds without bytes (worst run) | L2 / configured | retransmits | ping avg / max ms | ping above idle ms | ping replies / sent | flow RTT ms | qdisc drops | CE marks | pod-side drops | host veth policed | internal download / unshaped |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
+    let pct = |v: f64| {
+        if v.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{v:.1} %")
+        }
+    };
     for (k, s) in &stats {
-        let cc = match k.cc {
-            Cc::Default => format!("default ({})", s.cc),
-            Cc::Cubic => "cubic".to_owned(),
-            Cc::CubicEcn => "cubic + ECN".to_owned(),
-        };
         let dir = match k.dir {
             Dir::Egress => "pod → internet",
             Dir::Ingress => "internet → pod",
         };
+        let internal = match unshaped.get(&k.cc) {
+            Some(base) if !s.internal_mbps.is_empty() => {
+                pct(100.0 * median(&s.internal_mbps) / median(base))
+            }
+            _ => "-".to_owned(),
+        };
         let _ = writeln!(
             report,
-            "| {cc} | {} | {dir} | {} | {:.1} % | {:.1} % | {:.2} % | {:.2} / {:.2} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {dir} | {} | {:.1} % | {:.1} % | {:.0} | {} | {:.2} % | {:.2} / {:.2} | {:.2} | {:.0} / {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {internal} |",
+            k.cc.label(&s.cc),
             fmt_rate(k.rate),
             k.config.name(),
             median(&s.goodput_pct),
-            median(&s.l2_pct),
+            median(&s.first_pct),
+            s.zero_seconds.iter().copied().fold(0.0, f64::max),
+            pct(median(&s.l2_pct)),
             median(&s.retrans_pct),
             median(&s.ping_avg),
             median(&s.ping_max),
+            median(&s.ping_above_idle),
             median(&s.ping_replies),
             median(&s.ping_sent),
             median(&s.flow_rtt),
@@ -308,7 +417,7 @@ pub fn parallel(b: &mut Bench, args: &Args, rate: u64, report: &mut String) -> R
                     dir: Dir::Ingress,
                     config,
                 };
-                let x = shaping_run(b, key, args.secs);
+                let x = shaping_run(b, key, args.secs, None);
                 b.streams = 1;
                 let x = x.with_context(|| format!("{n} streams, {key:?}"))?;
                 let r = &x.iperf;

@@ -10,19 +10,27 @@
 //!   directions, with a ping from the pod through the shaped class, interleaved per
 //!   repetition, for: aliasnet's per-pod total limits (`Limits { ingress_rate, egress_rate }`);
 //!   the same with flow isolation off (every packet to the bulk leaf, as before the sparse
-//!   leaves); aliasnet's internet-only egress limit (`internet_egress_rate`); and the
+//!   leaves); aliasnet's internet-only egress limit (`internet_egress_rate`); the node
+//!   policy's per-pod download limit (`[internet] pod_ingress_rate`); and the
 //!   reference CNI `bandwidth` plugin binary, invoked with a prevResult naming the host veth
 //!   (tbf on the host veth, ifb + tbf for egress). Congestion control: the namespaces'
-//!   default, cubic, cubic with ECN (`net.ipv4.tcp_ecn = 1` in the test namespaces).
+//!   default (bbr), cubic, cubic and bbr with ECN (`net.ipv4.tcp_ecn = 1` in the test
+//!   namespaces). With `--internal-download`, a download from the internal peer into the pod
+//!   at `--pace` runs beside every download from the internet.
 //! - `parallel` ([`goodput`]): `--streams` parallel downloads into the pod.
 //! - `internal` ([`throughput`]): pod -> internal peer throughput with nothing attached, with
 //!   aliasnet attached and no limits, and with a 10 Mbit/s internet-egress limit.
 //! - `overhead` ([`throughput`]): pod -> internet throughput with nothing, with aliasnet's
 //!   programs (classification + counting, no limits), and with OpenAI's four iptables mangle
 //!   rules in the node namespace.
-//! - `cost` ([`cost`]): ns per packet of `an_host_ingress` through `BPF_PROG_TEST_RUN` with 10,
-//!   1,000 and 10,000 internal prefixes (and `an_host_egress` with the queue model), against a
-//!   no-op program.
+//! - `aggregates`, `classes` ([`aggregate`]): 4 pods under a namespace's and under the node's
+//!   download limit, beside a download that must not be slowed; a pod downloading from a
+//!   named class and the rest of the internet at once; next to the reference's static
+//!   per-pod share.
+//! - `cost` ([`cost`]): ns per packet through `BPF_PROG_TEST_RUN` of `an_host_ingress`
+//!   (classification and counting) and of the download path (`an_host_egress` with a pod's
+//!   and a namespace's download limits, `an_uplink_in` with the node's), by prefixes
+//!   (10-65,536) and named classes (none or 32), against a no-op program.
 //!
 //! The machine is shared: run it niced up so that other work disturbs it less.
 //!
@@ -32,6 +40,7 @@
 //!     --cc default,cubic,cubic-ecn --throughput-reps 7 --out shaping-bench.md
 //! ```
 
+mod aggregate;
 mod cost;
 mod goodput;
 mod node;
@@ -95,6 +104,12 @@ enum Section {
     /// `--streams` parallel downloads (iperf3 -P) into the pod at the first rate, bbr, for
     /// aliasnet and the reference: retransmits and fairness with several connections.
     Parallel,
+    /// Downloads of 4 pods under a namespace's and under the node's download limit (the
+    /// first rate), beside a download that must not be slowed.
+    Aggregates,
+    /// A pod downloading from a named class (at a quarter of the rate) and the rest of the
+    /// internet at once, under its internet download limit.
+    Classes,
     Internal,
     Overhead,
     Cost,
@@ -116,6 +131,9 @@ enum Config {
     AliasnetClampOff,
     /// aliasnet, internet-egress limit only (internet_egress_rate), egress only.
     AliasnetInternet,
+    /// aliasnet, the node policy's per-pod download limit (`[internet] pod_ingress_rate`):
+    /// internet -> pod only, internal traffic unshaped.
+    AliasnetDownload,
     /// The reference CNI bandwidth plugin binary.
     Bandwidth,
 }
@@ -128,6 +146,7 @@ impl Config {
             Config::AliasnetFlowsOff => "aliasnet, flow isolation off",
             Config::AliasnetClampOff => "aliasnet, window clamp off",
             Config::AliasnetInternet => "aliasnet internet-only",
+            Config::AliasnetDownload => "aliasnet download limit (policy)",
             Config::Bandwidth => "bandwidth plugin (tbf)",
         }
     }
@@ -149,6 +168,8 @@ enum Cc {
     Cubic,
     /// cubic, tcp_ecn = 1 (ECN requested by the connecting side).
     CubicEcn,
+    /// bbr, tcp_ecn = 1.
+    BbrEcn,
 }
 
 impl Cc {
@@ -156,6 +177,21 @@ impl Cc {
         match self {
             Cc::Default => None,
             Cc::Cubic | Cc::CubicEcn => Some("cubic"),
+            Cc::BbrEcn => Some("bbr"),
+        }
+    }
+
+    fn ecn(self) -> bool {
+        matches!(self, Cc::CubicEcn | Cc::BbrEcn)
+    }
+
+    /// As the tables name it; `cc` is what the default turned out to be.
+    fn label(self, cc: &str) -> String {
+        match self {
+            Cc::Default => format!("default ({cc})"),
+            Cc::Cubic => "cubic".to_owned(),
+            Cc::CubicEcn => "cubic + ECN".to_owned(),
+            Cc::BbrEcn => "bbr + ECN".to_owned(),
         }
     }
 }
@@ -201,9 +237,25 @@ pub struct Args {
     /// Parallel stream counts of the `parallel` section.
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
     streams: Vec<u32>,
+    /// `shaping`: beside every download from the internet, a download from the internal
+    /// peer into the pod at `--pace`, compared with the same download with nothing attached.
+    #[arg(long)]
+    internal_download: bool,
+    /// The pace (iperf3 -b) of the downloads that must not be slowed: the internal download
+    /// of `shaping` and of the node level of `aggregates`, the other namespace's download of
+    /// its namespace level.
+    #[arg(long, default_value = "2G")]
+    pace: String,
     /// Repetitions of the `internal` and `overhead` throughput runs.
     #[arg(long, default_value_t = 5)]
     throughput_reps: usize,
+    /// `cost`: prefixes in each family's trie.
+    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000,65536")]
+    cost_prefixes: Vec<usize>,
+    /// `cost`: named classes the prefixes are spread over (0: all internal, as before
+    /// destination classes).
+    #[arg(long, value_delimiter = ',', default_value = "0,32")]
+    cost_classes: Vec<usize>,
     /// Exploration: `ns:tc args` run after every aliasnet attach, e.g.
     /// `node:qdisc replace dev vh1 parent 1:3 handle 4: pfifo limit 8`.
     #[arg(long)]
@@ -287,6 +339,8 @@ pub fn run(args: Args) -> Result<()> {
             match s {
                 Section::Shaping => goodput::shaping(b, &args, &rates, &mut report)?,
                 Section::Parallel => goodput::parallel(b, &args, rates[0], &mut report)?,
+                Section::Aggregates => aggregate::aggregates(b, &args, &rates, &mut report)?,
+                Section::Classes => aggregate::classes(b, &args, &rates, &mut report)?,
                 Section::Internal => throughput::section(
                     b,
                     &args,
@@ -313,7 +367,7 @@ pub fn run(args: Args) -> Result<()> {
                     ],
                     &mut report,
                 )?,
-                Section::Cost => cost::cost(&mut report)?,
+                Section::Cost => cost::cost(&args.cost_prefixes, &args.cost_classes, &mut report)?,
                 Section::Hold => {
                     let a = b.attach(Limits {
                         ingress_rate: Some(rates[0]),

@@ -1,6 +1,6 @@
 //! The shaping bench's node: the fabric's single-node topology with the datapath installed,
-//! the configurations under test (aliasnet's limits and feature switches, the reference
-//! bandwidth plugin) and one iperf3 measurement.
+//! the configurations under test (aliasnet's limits, node policy and feature switches, the
+//! reference bandwidth plugin) and one iperf3 measurement.
 
 use std::{
     fs::File,
@@ -14,7 +14,7 @@ use aliasnet_netns::NetNs;
 use aliasnet_shaper::Policy;
 use aliasnet_tests::{
     cni::{invoke, Invocation},
-    single::{IperfOpts, Links, PingDuring, SingleNode},
+    single::{host_veth, pod_ip, pod_role, IperfOpts, Links, PingDuring, SingleNode},
     traffic::{netns_exec, parse_ping, Ping},
 };
 use anyhow::{anyhow, bail, Context, Result};
@@ -23,9 +23,15 @@ use serde_json::{json, Value};
 
 use super::{Cc, Config, BANDWIDTH_PLUGIN};
 
-pub use aliasnet_tests::single::{INTERNAL, INTERNET, POD_IP};
+pub use aliasnet_tests::single::{INTERNAL, INTERNET, MIRROR, POD_IP};
 
-const CONTAINER_ID: &str = "5b5b5b5b00000000000000000000000000000000000000000000000000000001";
+/// The node policy every run starts from (and returns to).
+pub const BASE_POLICY: &str = "internal_cidrs = [\"10.0.0.0/8\"]\n";
+
+/// The container id of pod `i`.
+fn container_id(i: usize) -> String {
+    format!("5b5b5b5b{:056x}", i + 1)
+}
 
 /// Run a command; fails with its stderr unless it succeeds.
 pub fn run_ok(cmd: &mut Command) -> Result<Output> {
@@ -39,7 +45,8 @@ pub struct Bench {
     // with them.
     dp: Option<Datapath>,
     pub net: SingleNode,
-    /// The bandwidth plugin's ifb, while the reference is attached.
+    /// The bandwidth plugin's ifb of pod 0, while the reference is attached with an egress
+    /// limit.
     pub ifb: Option<String>,
     raw: Option<File>,
     tweaks: Vec<String>,
@@ -58,6 +65,8 @@ pub struct Iperf {
     /// The sender's smoothed RTT of the bulk flow (iperf3 mean_rtt), ms.
     pub flow_rtt: f64,
     pub intervals: Vec<(f64, f64)>,
+    /// Mbit/s the receiver got in each second (the server's report: the client sends).
+    pub receiver_intervals: Vec<f64>,
     /// Received Mbit/s of each parallel stream.
     pub stream_mbps: Vec<f64>,
     pub ping: Option<Ping>,
@@ -94,8 +103,7 @@ impl Bench {
         let pin_root = b.net.pin_root();
         let dp = b.in_node(|_| -> Result<Datapath> {
             let (mut dp, _) = Datapath::install(pin_root)?;
-            let policy =
-                Policy::parse("internal_cidrs = [\"10.0.0.0/8\"]\n").map_err(anyhow::Error::msg)?;
+            let policy = Policy::parse(BASE_POLICY).map_err(anyhow::Error::msg)?;
             dp.apply_policy(&policy)?;
             Ok(dp)
         })?;
@@ -130,7 +138,7 @@ impl Bench {
 
     /// tcp_ecn in every namespace with TCP endpoints.
     pub fn set_cc_mode(&self, cc: Cc) -> Result<()> {
-        let ecn = if cc == Cc::CubicEcn { "1" } else { "2" };
+        let ecn = if cc.ecn() { "1" } else { "2" };
         for role in ["pod", "inet", "peer"] {
             self.sysctl(role, &format!("net.ipv4.tcp_ecn={ecn}"))?;
         }
@@ -146,15 +154,21 @@ impl Bench {
     // ---- configurations ------------------------------------------------------------------
 
     pub fn attach(&mut self, limits: Limits) -> Result<AttachedPod> {
+        self.attach_pod(0, "bench", limits)
+    }
+
+    /// Attaches pod `i` (the topology gets it if it has not yet) as a pod of `namespace`.
+    pub fn attach_pod(&mut self, i: usize, namespace: &str, limits: Limits) -> Result<AttachedPod> {
+        self.net.add_pods(i + 1)?;
         let att = PodAttachment {
-            host_ifname: "vh1".to_owned(),
-            netns: self.net.ns_path("pod"),
+            host_ifname: host_veth(i),
+            netns: self.net.ns_path(&pod_role(i)),
             identity: PodIdentity {
-                namespace: "bench".to_owned(),
-                name: "pod-0".to_owned(),
-                container_id: CONTAINER_ID.to_owned(),
+                namespace: namespace.to_owned(),
+                name: format!("pod-{i}"),
+                container_id: container_id(i),
                 ifname: "eth0".to_owned(),
-                ipv4: Some(POD_IP.parse()?),
+                ipv4: Some(pod_ip(i).parse()?),
                 ipv6: None,
             },
             limits,
@@ -172,7 +186,29 @@ impl Bench {
     }
 
     pub fn detach(&mut self) -> Result<()> {
-        self.dp().detach_pod(CONTAINER_ID, "eth0")?;
+        self.detach_pod(0)
+    }
+
+    pub fn detach_pod(&mut self, i: usize) -> Result<()> {
+        self.dp().detach_pod(&container_id(i), "eth0")?;
+        Ok(())
+    }
+
+    /// Applies a node policy (`shaper.toml` text), as shaperd does on a change; pods attached
+    /// after it get its limits.
+    pub fn apply_policy(&mut self, text: &str) -> Result<()> {
+        let policy = Policy::parse(text).map_err(anyhow::Error::msg)?;
+        self.dp().apply_policy(&policy)?;
+        Ok(())
+    }
+
+    /// What shaperd does when pods come and go: the aggregates' groups and each pod's own
+    /// leaves in them.
+    pub fn reconcile(&mut self) -> Result<()> {
+        let r = self.dp().reconcile_aggregates()?;
+        if !r.errors.is_empty() {
+            bail!("reconcile the aggregates: {}", r.errors.join("; "));
+        }
         Ok(())
     }
 
@@ -216,33 +252,48 @@ impl Bench {
         Ok((ce, dropped, policed))
     }
 
-    fn bandwidth_plugin(&self, command: &str, rate: u64) -> Result<Value> {
+    /// The reference plugin's `command` for pod `i` with an ingress and an egress rate.
+    fn bandwidth_plugin(
+        &self,
+        command: &str,
+        i: usize,
+        ingress: Option<u64>,
+        egress: Option<u64>,
+    ) -> Result<Value> {
         // The plugin requires a burst with every rate. Kubelet/containerd pass 4294967295
         // bits when the pod sets none, which the plugin turns into a 512 MiB bucket that lets
         // a 10 s test through unshaped; use 10 ms of the rate instead, at least 64 KiB.
-        let burst = (rate / 100).max(64 * 1024 * 8);
+        let burst = |rate: u64| (rate / 100).max(64 * 1024 * 8);
+        let mut bw = serde_json::Map::new();
+        if let Some(r) = ingress {
+            bw.insert("ingressRate".into(), r.into());
+            bw.insert("ingressBurst".into(), burst(r).into());
+        }
+        if let Some(r) = egress {
+            bw.insert("egressRate".into(), r.into());
+            bw.insert("egressBurst".into(), burst(r).into());
+        }
+        let (host, role) = (host_veth(i), pod_role(i));
         let conf = json!({
             "cniVersion": "1.0.0",
             "name": "bench",
             "type": "bandwidth",
-            "runtimeConfig": { "bandwidth": {
-                "ingressRate": rate, "ingressBurst": burst,
-                "egressRate": rate, "egressBurst": burst,
-            }},
+            "runtimeConfig": { "bandwidth": bw },
             "prevResult": {
                 "cniVersion": "1.0.0",
                 "interfaces": [
-                    { "name": "vh1", "mac": self.net.try_mac("node", "vh1")? },
-                    { "name": "eth0", "mac": self.net.try_mac("pod", "eth0")?,
-                      "sandbox": self.net.ns_path("pod") },
+                    { "name": host, "mac": self.net.try_mac("node", &host)? },
+                    { "name": "eth0", "mac": self.net.try_mac(&role, "eth0")?,
+                      "sandbox": self.net.ns_path(&role) },
                 ],
-                "ips": [{ "address": format!("{POD_IP}/32"), "interface": 1 }],
+                "ips": [{ "address": format!("{}/32", pod_ip(i)), "interface": 1 }],
             },
         });
-        let pod = self.net.ns_path("pod");
+        let pod = self.net.ns_path(&role);
+        let cid = container_id(i);
         let inv = Invocation {
             path: "/usr/lib/cni".to_owned(),
-            ..Invocation::new(command, CONTAINER_ID, Some(&pod), "eth0")
+            ..Invocation::new(command, &cid, Some(&pod), "eth0")
         };
         let out = invoke(
             Some(netns_exec(&self.net.ns("node"), &[])),
@@ -258,7 +309,7 @@ impl Bench {
     }
 
     pub fn bandwidth_add(&mut self, rate: u64) -> Result<()> {
-        let res = self.bandwidth_plugin("ADD", rate)?;
+        let res = self.bandwidth_plugin("ADD", 0, Some(rate), Some(rate))?;
         let ifb = res["interfaces"]
             .as_array()
             .and_then(|a| {
@@ -272,15 +323,32 @@ impl Bench {
     }
 
     pub fn bandwidth_del(&mut self, rate: u64) -> Result<()> {
-        self.bandwidth_plugin("DEL", rate)?;
+        self.bandwidth_plugin("DEL", 0, Some(rate), Some(rate))?;
         self.ifb = None;
-        // DEL removes the ifb only (the pod's veth would go with the pod): clear the veth.
-        for parent in ["root", "ingress"] {
-            let _ = self
-                .net
-                .try_exec("node", &["tc", "qdisc", "del", "dev", "vh1", parent]);
-        }
+        self.clear_veth(0);
         Ok(())
+    }
+
+    /// The reference plugin's ingress limit (a tbf on the host veth) on pod `i`.
+    pub fn bandwidth_ingress_add(&mut self, i: usize, rate: u64) -> Result<()> {
+        self.net.add_pods(i + 1)?;
+        self.bandwidth_plugin("ADD", i, Some(rate), None).map(drop)
+    }
+
+    pub fn bandwidth_ingress_del(&mut self, i: usize, rate: u64) -> Result<()> {
+        self.bandwidth_plugin("DEL", i, Some(rate), None)?;
+        self.clear_veth(i);
+        Ok(())
+    }
+
+    /// DEL removes the ifb only (the pod's veth would go with the pod): clear the veth.
+    fn clear_veth(&self, i: usize) {
+        for parent in ["root", "ingress"] {
+            let _ = self.net.try_exec(
+                "node",
+                &["tc", "qdisc", "del", "dev", &host_veth(i), parent],
+            );
+        }
     }
 
     // ---- measurements --------------------------------------------------------------------
@@ -317,6 +385,7 @@ impl Bench {
                 margin: 3,
             }),
             client_port: None,
+            server_output: true,
         };
         // Segments sent come from the sender's kernel: the handshake's MSS can be lowered
         // (a slow class on a jumbo-frame device), so bytes / MSS would not do.
@@ -351,6 +420,16 @@ impl Bench {
                                 i["sum"]["retransmits"].as_f64().unwrap_or(0.0),
                             )
                         })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            // Less than half a second: the tail after the client stopped.
+            receiver_intervals: v["server_output_json"]["intervals"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter(|i| i["sum"]["seconds"].as_f64().unwrap_or(0.0) >= 0.5)
+                        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
                         .collect()
                 })
                 .unwrap_or_default(),

@@ -432,6 +432,19 @@ impl Datapath {
     }
 }
 
+/// Clears every group of `groups` that `wanted` does not have at the same place: the programs
+/// stop using it before the devices change.
+fn withdraw_changed(
+    groups: &mut [[u16; abi::NR_KINDS]; abi::NR_DIRS],
+    wanted: &[[u16; abi::NR_KINDS]; abi::NR_DIRS],
+) {
+    for (have, want) in groups.iter_mut().flatten().zip(wanted.iter().flatten()) {
+        if have != want {
+            *have = 0;
+        }
+    }
+}
+
 /// Bit K set for every kind K with a group in `row`.
 fn mask(row: &[u16; abi::NR_KINDS]) -> u64 {
     row.iter()

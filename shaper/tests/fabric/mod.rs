@@ -15,7 +15,8 @@ use aliasnet_ebpf::{abi, maps, Datapath, Limits, PodAttachment, PodIdentity};
 pub use aliasnet_tests::{
     require_root,
     single::{
-        IperfOpts, Links, PingDuring, SingleNode, BLOCKED, INTERNAL, INTERNET, METADATA, POD_IP,
+        host_veth, pod_ip, pod_role, IperfOpts, Links, PingDuring, SingleNode, BLOCKED, INTERNAL,
+        INTERNET, METADATA, MIRROR, POD_IP,
     },
 };
 
@@ -77,15 +78,22 @@ impl Fabric {
     }
 
     pub fn attachment(&self, limits: Limits) -> PodAttachment {
+        self.attachment_of(0, "team-a", limits)
+    }
+
+    /// The attachment of pod `i` ([`SingleNode::add_pods`]) as a pod of `namespace`.
+    pub fn attachment_of(&self, i: usize, namespace: &str, limits: Limits) -> PodAttachment {
+        // Pod 0's is CONTAINER_ID.
+        let container_id = format!("{}{:04x}", &CONTAINER_ID[..CONTAINER_ID.len() - 4], i + 1);
         PodAttachment {
-            host_ifname: "vh1".to_owned(),
-            netns: self.ns_path("pod"),
+            host_ifname: host_veth(i),
+            netns: self.ns_path(&pod_role(i)),
             identity: PodIdentity {
-                namespace: "team-a".to_owned(),
-                name: "trainer-0".to_owned(),
-                container_id: CONTAINER_ID.to_owned(),
+                namespace: namespace.to_owned(),
+                name: format!("trainer-{i}"),
+                container_id,
                 ifname: "eth0".to_owned(),
-                ipv4: Some(POD_IP.parse().expect("pod ip")),
+                ipv4: Some(pod_ip(i).parse().expect("pod ip")),
                 ipv6: None,
             },
             limits,
