@@ -123,6 +123,42 @@ async fn a_group_commit_cut_short_by_a_power_cut_is_truncated() {
     fs::write(&log, &good).unwrap();
 }
 
+/// A full disk makes a rotation fail after it created the next log: the file stays empty (or
+/// holds part of its header) and the daemon goes on appending to the current log. A crash in
+/// the middle of such an append must still be a torn tail of the newest log that holds
+/// records, not damage followed by another log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_log_left_by_a_failed_rotation_is_dropped_and_the_torn_tail_before_it_zeroed() {
+    let (env, leases) = env_with_leases(3).await;
+    let log = newest_log(env.state_dir());
+    let good = fs::read(&log).unwrap();
+    let end = records_end(&good);
+    let mut batch = Vec::new();
+    record::encode_batch(&mut batch, &alloc_records(120));
+    let mut torn = good.clone();
+    torn[end..end + batch.len()].copy_from_slice(&batch);
+    let page_end = (end / 4096 + 1) * 4096;
+    torn[page_end..page_end + 4096].fill(0);
+    let next = env.state_dir().join(log_name(1));
+    let mut header = Vec::new();
+    record::encode_header(&mut header, record::LOG_MAGIC, 1);
+    for left in [Vec::new(), header[..header.len() / 2].to_vec()] {
+        fs::write(&log, &torn).unwrap();
+        fs::write(&next, &left).unwrap();
+        let d = match Daemon::start(&env.config, Arc::new(Recorder::default())).await {
+            Ok(d) => d,
+            Err(e) => panic!(
+                "a {}-byte next log made the daemon refuse to start: {e}",
+                left.len()
+            ),
+        };
+        assert_eq!(list(&env.socket()).await, leases);
+        d.shutdown().await;
+        assert!(!next.exists(), "the failed next log is gone");
+        assert_eq!(fs::read(&log).unwrap(), good, "the torn batch is zeroed");
+    }
+}
+
 /// A state directory of the previous format (version 2: records not grouped in batches) loads;
 /// the daemon appends to a new log of the current format and a compaction merges both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -258,6 +258,23 @@ impl Store {
             ));
         }
 
+        let mut live = live;
+        if live.len() > 1 {
+            // A newest log that holds no record was made by a rotation that failed (a full
+            // disk) or crashed: the log before it is the newest, and its torn tail, if any,
+            // was never acknowledged.
+            let g = *live.last().expect("non-empty");
+            let path = dir.join(log_name(g));
+            if holds_no_record(&path)? {
+                fs::remove_file(&path).map_err(|source| StoreError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+                sync_dir(dir).map_err(dir_err)?;
+                live.pop();
+            }
+        }
+
         let mut bytes_since_snapshot = 0;
         let mut last: Option<(PathBuf, LogExtent)> = None;
         for (i, g) in live.iter().enumerate() {
@@ -435,7 +452,13 @@ impl Store {
         }
         let g = self.generation + 1;
         let path = self.dir.join(log_name(g));
-        let (f, alloc) = create_log(&self.dir, &path, g)?;
+        let (f, alloc) = create_log(&self.dir, &path, g).inspect_err(|_| {
+            // A full disk: the file exists but never got its header. Appends go on in the
+            // current log, which must stay the newest for the crash rules of loading.
+            if fs::remove_file(&path).is_ok() {
+                let _ = sync_dir(&self.dir);
+            }
+        })?;
         self.log = f;
         self.log_path = path;
         self.generation = g;
@@ -522,6 +545,16 @@ impl DirLock {
             path: dir.to_path_buf(),
         })
     }
+}
+
+/// Whether the log at `path` has nothing but zeros after its header's place (a log whose
+/// creation never finished, or one no record was appended to).
+fn holds_no_record(path: &Path) -> Result<bool, StoreError> {
+    let bytes = fs::read(path).map_err(|source| StoreError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(bytes.len() <= HEADER_LEN || is_zero(&bytes[HEADER_LEN..]))
 }
 
 /// Write a log header and the first zero-filled chunk; returns the allocated length.
