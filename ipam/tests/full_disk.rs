@@ -188,7 +188,7 @@ fn a_full_disk_then_kill_9_loses_no_acknowledged_lease_and_the_daemon_starts() {
         }
         // Fill the disk once the log holds nearly enough to compact and its pre-allocated
         // zeros reach past that size: the churn then crosses it on a full disk.
-        if filled.is_none() && i % 64 == 0 {
+        if filled.is_none() && i.is_multiple_of(64) {
             let (_, log0) = log_sizes(&ns, &state);
             if log0 > COMPACT_AT {
                 filled = Some(fill(&ns, ballast.clone()));

@@ -5,10 +5,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::{AddrRange, Range6};
+use super::{addr::Span, AddrRange, Range6};
 
-const fn v4(a: [u8; 4]) -> u32 {
-    u32::from_be_bytes(a)
+const fn v4(a: [u8; 4]) -> u128 {
+    u32::from_be_bytes(a) as u128
 }
 
 const fn v6(a: [u16; 8]) -> u128 {
@@ -22,7 +22,7 @@ const fn v6(a: [u16; 8]) -> u128 {
 }
 
 /// IPv4 blocks no pod address may come from: (first, last, why).
-const RESERVED4: [(u32, u32, &str); 5] = [
+const RESERVED4: [(u128, u128, &str); 5] = [
     (
         v4([0, 0, 0, 0]),
         v4([0, 255, 255, 255]),
@@ -85,16 +85,15 @@ pub fn reserved(ip: IpAddr) -> Option<&'static str> {
 }
 
 pub fn reserved4(ip: Ipv4Addr) -> Option<&'static str> {
-    let a = u32::from(ip);
-    RESERVED4
-        .iter()
-        .find(|(f, l, _)| *f <= a && a <= *l)
-        .map(|(.., why)| *why)
+    why(&RESERVED4, u128::from(u32::from(ip)))
 }
 
 pub fn reserved6(ip: Ipv6Addr) -> Option<&'static str> {
-    let a = u128::from(ip);
-    RESERVED6
+    why(&RESERVED6, u128::from(ip))
+}
+
+fn why(table: &[(u128, u128, &'static str)], a: u128) -> Option<&'static str> {
+    table
         .iter()
         .find(|(f, l, _)| *f <= a && a <= *l)
         .map(|(.., why)| *why)
@@ -102,32 +101,24 @@ pub fn reserved6(ip: Ipv6Addr) -> Option<&'static str> {
 
 /// The parts of `ranges` that are reserved, each with why.
 pub(super) fn reserved_in(ranges: &[AddrRange]) -> Vec<(AddrRange, &'static str)> {
-    let mut out = Vec::new();
-    for r in ranges {
-        for (f, l, why) in RESERVED4 {
-            if r.first <= l && f <= r.last {
-                let part = AddrRange {
-                    first: r.first.max(f),
-                    last: r.last.min(l),
-                };
-                out.push((part, why));
-            }
-        }
-    }
-    out
+    reserved_parts(ranges, &RESERVED4)
 }
 
 /// [`reserved_in`] for IPv6 ranges.
 pub(super) fn reserved_in6(ranges: &[Range6]) -> Vec<(Range6, &'static str)> {
+    reserved_parts(ranges, &RESERVED6)
+}
+
+fn reserved_parts<S: Span>(
+    ranges: &[S],
+    table: &[(u128, u128, &'static str)],
+) -> Vec<(S, &'static str)> {
     let mut out = Vec::new();
     for r in ranges {
-        for (f, l, why) in RESERVED6 {
-            if r.first <= l && f <= r.last {
-                let part = Range6 {
-                    first: r.first.max(f),
-                    last: r.last.min(l),
-                };
-                out.push((part, why));
+        let (first, last) = r.bounds();
+        for &(f, l, why) in table {
+            if first <= l && f <= last {
+                out.push((S::from_bounds(first.max(f), last.min(l)), why));
             }
         }
     }

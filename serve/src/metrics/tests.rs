@@ -24,8 +24,8 @@ fn status(answer: &str) -> u16 {
         .unwrap_or_else(|| panic!("no status line in {answer:?}"))
 }
 
-#[test]
-fn serves_only_get_metrics_and_rejects_garbage() {
+/// Serves `render` on a loopback port from a thread of its own for 20 s; returns the address.
+fn start(render: RenderFn) -> std::net::SocketAddr {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -34,9 +34,7 @@ fn serves_only_get_metrics_and_rejects_garbage() {
         .block_on(TcpListener::bind("127.0.0.1:0"))
         .expect("bind loopback");
     let addr = listener.local_addr().unwrap();
-    let render: RenderFn =
-        Arc::new(|| Ok("# HELP x_total X.\n# TYPE x_total counter\nx_total 1\n".into()));
-    let server = std::thread::spawn(move || {
+    std::thread::spawn(move || {
         rt.block_on(async move {
             tokio::select! {
                 _ = serve(listener, render, std::future::pending()) => {}
@@ -44,6 +42,14 @@ fn serves_only_get_metrics_and_rejects_garbage() {
             }
         })
     });
+    addr
+}
+
+#[test]
+fn serves_only_get_metrics_and_rejects_garbage() {
+    let addr = start(Arc::new(|| {
+        Ok("# HELP x_total X.\n# TYPE x_total counter\nx_total 1\n".into())
+    }));
 
     let ok = exchange(
         addr,
@@ -91,26 +97,11 @@ fn serves_only_get_metrics_and_rejects_garbage() {
     );
     let a = exchange(addr, huge.as_bytes());
     assert!((400..500).contains(&status(&a)), "{a}");
-    drop(server);
 }
 
 #[test]
 fn render_errors_are_500_not_partial() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let render: RenderFn = Arc::new(|| Err("map an_pod_meta: gone".into()));
-    std::thread::spawn(move || {
-        rt.block_on(async move {
-            tokio::select! {
-                _ = serve(listener, render, std::future::pending()) => {}
-                _ = tokio::time::sleep(Duration::from_secs(20)) => {}
-            }
-        })
-    });
+    let addr = start(Arc::new(|| Err("map an_pod_meta: gone".into())));
     let a = exchange(
         addr,
         b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
