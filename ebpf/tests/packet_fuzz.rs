@@ -513,7 +513,10 @@ fn packet() -> impl Strategy<Value = aliasnet_fuzz::Bytes> {
             for m in &muts {
                 m.apply(&mut p, &[], &[]);
             }
-            p.resize(p.len().max(min_len(&p)), 0);
+            // Padding a frame shorter than its ethertype's end can complete an IP ethertype.
+            while p.len() < min_len(&p) {
+                p.resize(min_len(&p), 0);
+            }
             p.truncate(MAX_LEN);
             aliasnet_fuzz::Bytes(p)
         })

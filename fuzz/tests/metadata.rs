@@ -147,8 +147,15 @@ fn check_doc(bytes: &[u8]) {
             return;
         }
     };
-    let doc: serde_json::Value =
-        serde_json::from_slice(bytes).expect("a document imds accepts is JSON");
+    let doc: serde_json::Value = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        // Valid JSON a generic value cannot hold (1e999) in a field imds ignores.
+        Err(e) if e.to_string().starts_with("number out of range") => {
+            check_applied(&parsed.secondary, &parsed.secondary6);
+            return;
+        }
+        Err(e) => panic!("imds accepted a document that is not JSON: {e}"),
+    };
     let (p4, s4) = listed::<Ipv4Addr>(&doc, "ipv4");
     let (p6, s6) = listed::<Ipv6Addr>(&doc, "ipv6");
     assert!(!p4.is_empty(), "accepted without an IPv4 primary");
