@@ -30,4 +30,4 @@ fi
   python3 -m venv /var/tmp/aliasnet-kv && /var/tmp/aliasnet-kv/bin/pip install -q kubernetes-validate==1.37.0; }
 
 # Pinned eBPF objects live under /sys/fs/bpf/aliasnet; a fresh machine has no bpffs mounted.
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+mountpoint -q /sys/fs/bpf || mount -t bpf -o mode=0700 bpf /sys/fs/bpf

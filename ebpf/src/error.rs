@@ -6,7 +6,9 @@ use crate::{limits::LimitError, netlink::NetlinkError, netns::NetnsError, Missin
 /// involved, and keep the cause as `source`.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
-    #[error("{path} is not on a bpf filesystem (mount one with `mount -t bpf bpf /sys/fs/bpf`)")]
+    #[error(
+        "{path} is not on a bpf filesystem (mount one with `mount -t bpf -o mode=0700 bpf /sys/fs/bpf`)"
+    )]
     NotBpffs { path: PathBuf },
     #[error("mount bpffs at {path}: {source}")]
     MountBpffs {
@@ -24,6 +26,21 @@ pub enum DatapathError {
         name: String,
         reason: String,
     },
+    #[error(
+        "pin root {root} is locked by {holder}, which did not release it within {} s; \
+         pods cannot be added or deleted meanwhile (see /proc/locks)",
+        waited.as_secs()
+    )]
+    LockTimeout {
+        root: PathBuf,
+        waited: std::time::Duration,
+        holder: String,
+    },
+    #[error(
+        "pin directory {path} {reason}: refusing to use it; remove it and restart \
+         aliasnet-shaperd, which creates it for root only"
+    )]
+    UnsafePinDir { path: PathBuf, reason: String },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,

@@ -55,7 +55,7 @@ pub mod tuning;
 pub use aggregate::AggregateReport;
 pub use datapath::{
     install::InstallReport,
-    pins::{ensure_bpffs, PinPaths, DEFAULT_PIN_ROOT},
+    pins::{ensure_bpffs, PinPaths, DEFAULT_PIN_ROOT, PIN_LOCK_TIMEOUT},
     Datapath,
 };
 pub use error::{DatapathError, MultiError};

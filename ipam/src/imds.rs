@@ -124,7 +124,10 @@ fn split<A: FromStr + Ord + Copy>(
 
 /// Parse an IMDS `instance/network` document; any defect is an error (nothing is applied).
 pub fn parse(body: &[u8]) -> Result<Parsed, String> {
-    let doc: Doc = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    // serde_json skips fields it ignores without checking their UTF-8: check the whole
+    // document, so that only valid JSON is ever acted on.
+    let text = std::str::from_utf8(body).map_err(|e| format!("invalid JSON: not UTF-8 ({e})"))?;
+    let doc: Doc = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
     if doc.interface.is_empty() {
         return Err("the document lists no interface".into());
     }

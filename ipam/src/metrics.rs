@@ -32,16 +32,11 @@
 
 use std::{
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{atomic::AtomicU64, Arc, Mutex},
     time::Duration,
 };
 
 use aliasnet_ipam_proto::{ErrorKind, RECORDED_CODE_MAX, RECORDED_VERBS};
-use http_body_util::Full;
-use hyper::{body::Bytes, Method, Request, Response, StatusCode};
 use prometheus_client::{
     encoding::{prometheus_text, EncodeLabelSet},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -50,11 +45,6 @@ use prometheus_client::{
 use tokio::{net::TcpListener, sync::watch};
 
 use crate::state::PoolCounts;
-
-/// Connections the endpoint serves at once.
-const MAX_CONNECTIONS: usize = 64;
-/// A client must send its request headers within this.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabel {
@@ -448,82 +438,15 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serve `GET /metrics` on `listener` until `shutdown` turns true. Other paths get 404, other
-/// methods 405, malformed requests 400 (from hyper).
+/// Serve `GET /metrics` on `listener` until `shutdown` turns true (`aliasnet_serve::metrics`:
+/// other paths get 404, other methods 405, malformed requests 400; deadlines and eviction keep
+/// hostile clients from holding it).
 pub async fn serve(listener: TcpListener, render: Render, mut shutdown: watch::Receiver<bool>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let served = Arc::new(AtomicU64::new(0));
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.wait_for(|s| *s) => return,
-        };
-        let (stream, _) = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            // Too many scrapers at once: drop the connection rather than queue without bound.
-            continue;
-        };
-        let render = render.clone();
-        let served = served.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let render = render.clone();
-                let served = served.clone();
-                async move { Ok::<_, std::convert::Infallible>(respond(&req, &render, &served)) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(io, svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "metrics connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-}
-
-fn respond(
-    req: &Request<hyper::body::Incoming>,
-    render: &Render,
-    served: &AtomicU64,
-) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, ctype: &str, body: String| {
-        Response::builder()
-            .status(status)
-            .header(hyper::header::CONTENT_TYPE, ctype)
-            .body(Full::new(Bytes::from(body)))
-            .expect("static response parts are valid")
-    };
-    if req.uri().path() != "/metrics" {
-        return reply(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found: the metrics are at /metrics\n".into(),
-        );
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut r = reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "method not allowed: use GET\n".into(),
-        );
-        r.headers_mut().insert(
-            hyper::header::ALLOW,
-            hyper::header::HeaderValue::from_static("GET, HEAD"),
-        );
-        return r;
-    }
-    served.fetch_add(1, Ordering::Relaxed);
-    reply(StatusCode::OK, prometheus_text::CONTENT_TYPE, render())
+    let render: aliasnet_serve::metrics::RenderFn = Arc::new(move || Ok(render()));
+    aliasnet_serve::metrics::serve(listener, render, async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    })
+    .await
 }
 
 #[cfg(test)]

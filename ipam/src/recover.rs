@@ -11,7 +11,8 @@
 //! a GC once the veth is gone. A CHECK of the real key finds it through the veth as well.
 //!
 //! The old state directory is moved aside (`<state_dir>.broken-<unix ms>`), never
-//! deleted. Release times are lost with the old state, so every address that is not leased
+//! deleted; its lock is held from the first look at it until the rebuilt directory has taken
+//! its place (one `RENAME_EXCHANGE`), so no daemon can start on it meanwhile. Release times are lost with the old state, so every address that is not leased
 //! is put in cooldown from now (unless `--no-cooldown`): no address is reused while a
 //! connection of a pod deleted shortly before the crash could still point at it. An IPv6 pool
 //! is walked in the order its round-robin hands addresses out after the restart (from right
@@ -27,6 +28,7 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use aliasnet_ipam_proto::{recovered_key, Family, PodRef};
@@ -45,7 +47,7 @@ use crate::{
     store::{
         self,
         record::{AllocRec, CoolRec},
-        SnapshotWriter, Store, StoreError,
+        DirLock, SnapshotWriter, Store, StoreError,
     },
 };
 
@@ -204,9 +206,20 @@ pub async fn recover(
 ) -> Result<Report, RecoverError> {
     let dir = &config.state_dir;
     let mut report = Report::default();
-    if dir.exists() {
-        let d = dir.clone();
-        match tokio::task::spawn_blocking(move || Store::open(&d))
+    // The directory's lock is held from the first look at the old state until the rebuilt one
+    // is in place: a daemon started meanwhile fails to start rather than acknowledge leases in
+    // a directory that is about to be moved aside. A missing directory is created (empty) so
+    // that it can be locked too.
+    let existed = dir.exists();
+    store::ensure_dir(dir)?;
+    let lock = match DirLock::acquire(dir) {
+        Ok(l) => Arc::new(l),
+        Err(e @ StoreError::Locked { .. }) => return Err(RecoverError::Running(e)),
+        Err(e) => return Err(e.into()),
+    };
+    if existed {
+        let (d, l) = (dir.clone(), lock.clone());
+        match tokio::task::spawn_blocking(move || Store::open_locked(&d, l))
             .await
             .map_err(|e| RecoverError::Kernel(e.to_string()))?
         {
@@ -218,7 +231,6 @@ pub async fn recover(
                     });
                 }
             }
-            Err(e @ StoreError::Locked { .. }) => return Err(RecoverError::Running(e)),
             Err(e) => report.old_state_error = Some(e.to_string()),
         }
     }
@@ -372,30 +384,47 @@ pub async fn recover(
         source,
     })?;
     store::create_fresh(&fresh, &snapshot)?;
-    if dir.exists() {
+    // One atomic exchange: `dir` never stops existing, so no daemon can create an empty one
+    // in between; the old directory (still locked) then goes aside under the fresh name.
+    nix::fcntl::renameat2(
+        None,
+        &fresh,
+        None,
+        dir.as_path(),
+        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+    )
+    .map_err(|e| RecoverError::Io {
+        what: "putting the rebuilt state in place at",
+        path: dir.clone(),
+        source: e.into(),
+    })?;
+    if existed {
         let mut aside = parent.join(format!("{base}.broken-{now}"));
         let mut n = 1;
         while aside.exists() {
             aside = parent.join(format!("{base}.broken-{now}-{n}"));
             n += 1;
         }
-        std::fs::rename(dir, &aside).map_err(|source| RecoverError::Io {
+        std::fs::rename(&fresh, &aside).map_err(|source| RecoverError::Io {
             what: "moving the old state aside to",
             path: aside.clone(),
             source,
         })?;
         report.moved_aside = Some(aside);
+    } else {
+        // Only the lock file of the directory created above.
+        std::fs::remove_dir_all(&fresh).map_err(|source| RecoverError::Io {
+            what: "removing",
+            path: fresh.clone(),
+            source,
+        })?;
     }
-    std::fs::rename(&fresh, dir).map_err(|source| RecoverError::Io {
-        what: "putting the rebuilt state in place at",
-        path: dir.clone(),
-        source,
-    })?;
     store::sync_dir(parent).map_err(|source| RecoverError::Io {
         what: "syncing",
         path: parent.to_path_buf(),
         source,
     })?;
+    drop(lock);
     Ok(report)
 }
 

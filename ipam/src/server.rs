@@ -7,7 +7,6 @@
 //! changes nothing.
 
 use std::{
-    collections::BTreeMap,
     io,
     os::unix::fs::{FileTypeExt, PermissionsExt},
     path::{Path, PathBuf},
@@ -22,13 +21,15 @@ use aliasnet_ipam_proto::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
-    sync::{watch, Notify, Semaphore},
+    sync::{watch, Semaphore},
     task::JoinSet,
 };
 
+use aliasnet_serve::slots::{Slot, Slots};
+
 use crate::service::Ipam;
 
-/// Connections served at once (see [`Slots`]).
+/// Connections served at once (see [`Slots`]: at the limit the longest-waiting one is closed).
 const MAX_CONNECTIONS: usize = 1024;
 /// A connection must deliver a whole frame header within this of being accepted or of its
 /// previous reply: the plugin sends its request right after connecting, so an idle or
@@ -100,109 +101,6 @@ pub fn bind(path: &Path) -> Result<UnixListener, BindError> {
     Ok(listener)
 }
 
-/// Connection slots. At most [`MAX_CONNECTIONS`] connections are served; a connection is
-/// *waiting* while it waits for its client (for a request, or for the client to take a reply)
-/// and *busy* while its request is handled. Accepting never stops for waiting connections: at
-/// the limit the one that has waited longest is closed to make room, so clients that connect
-/// and idle cannot lock a real ADD out. Only when every slot is busy (requests that finish
-/// within milliseconds, or the 30 s wait limit) does a new connection wait for one.
-struct Slots {
-    inner: std::sync::Mutex<SlotsInner>,
-    /// Signalled when a slot frees or a connection starts waiting (at the limit only).
-    changed: Notify,
-}
-
-#[derive(Default)]
-struct SlotsInner {
-    live: usize,
-    next: u64,
-    /// Waiting connections by when they started waiting, with the signal that closes them.
-    waiting: BTreeMap<u64, Arc<Notify>>,
-}
-
-impl Slots {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            inner: Default::default(),
-            changed: Notify::new(),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, SlotsInner> {
-        // Plain counters: a panic elsewhere cannot leave them half-updated.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Take a slot for a new connection, closing the longest-waiting one at the limit; `false`
-    /// when every slot is busy.
-    fn claim(&self) -> bool {
-        let mut g = self.lock();
-        if g.live >= MAX_CONNECTIONS {
-            let Some((_, kick)) = g.waiting.pop_first() else {
-                return false;
-            };
-            // Its slot is ours from now; the evicted task only closes its socket.
-            kick.notify_one();
-            g.live -= 1;
-        }
-        g.live += 1;
-        true
-    }
-}
-
-/// A connection's slot; released on drop.
-struct Slot {
-    slots: Arc<Slots>,
-    kick: Arc<Notify>,
-    waiting: Option<u64>,
-    evicted: bool,
-}
-
-impl Slot {
-    /// The connection waits for its client: it may be closed to make room.
-    fn wait(&mut self) {
-        if self.waiting.is_some() || self.evicted {
-            return;
-        }
-        let mut g = self.slots.lock();
-        let seq = g.next;
-        g.next += 1;
-        g.waiting.insert(seq, self.kick.clone());
-        let full = g.live >= MAX_CONNECTIONS;
-        drop(g);
-        self.waiting = Some(seq);
-        if full {
-            self.slots.changed.notify_one();
-        }
-    }
-
-    /// The connection has work to do; `false` if it was evicted meanwhile.
-    fn busy(&mut self) -> bool {
-        if let Some(seq) = self.waiting.take() {
-            if self.slots.lock().waiting.remove(&seq).is_none() {
-                self.evicted = true;
-            }
-        }
-        !self.evicted
-    }
-
-    /// Resolves when this connection was chosen to make room.
-    async fn evicted(&self) {
-        self.kick.notified().await;
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if !self.busy() {
-            // Eviction already gave the slot away.
-            return;
-        }
-        self.slots.lock().live -= 1;
-        self.slots.changed.notify_one();
-    }
-}
-
 /// Serve until `shutdown` turns true; then remove the socket file, let requests in progress
 /// finish, and return.
 pub async fn serve(
@@ -211,7 +109,7 @@ pub async fn serve(
     ipam: Ipam,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let slots = Slots::new();
+    let slots = Slots::new(MAX_CONNECTIONS);
     let budget = Arc::new(Semaphore::new(LARGE_FRAME_BUDGET));
     let mut conns = JoinSet::new();
     loop {
@@ -228,27 +126,8 @@ pub async fn serve(
         };
         // Every slot busy (not one waiting for its client): wait for one to free or to start
         // waiting, which requests do within milliseconds.
-        let mut claimed = slots.claim();
-        while !claimed {
-            let changed = slots.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            claimed = slots.claim();
-            if !claimed {
-                tokio::select! {
-                    _ = changed => claimed = slots.claim(),
-                    _ = stopped(&mut shutdown) => break,
-                }
-            }
-        }
-        if !claimed {
+        let Some(slot) = slots.claim(stopped(&mut shutdown)).await else {
             break;
-        }
-        let slot = Slot {
-            slots: slots.clone(),
-            kick: Arc::new(Notify::new()),
-            waiting: None,
-            evicted: false,
         };
         let (ipam, sd) = (ipam.clone(), shutdown.clone());
         conns.spawn(connection(stream, ipam, sd, slot, budget.clone()));

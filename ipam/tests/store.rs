@@ -76,6 +76,18 @@ fn alloc_records(n: usize) -> Vec<u8> {
     recs
 }
 
+/// The log `good` with a batch of 120 records (several pages) written after its records, as
+/// an append writes it before its `fdatasync`; and where that batch ends.
+fn with_batch(good: &[u8]) -> (Vec<u8>, usize) {
+    let end = records_end(good);
+    let mut batch = Vec::new();
+    record::encode_batch(&mut batch, &alloc_records(120));
+    assert!(batch.len() > 2 * 4096, "the batch spans pages");
+    let mut out = good.to_vec();
+    out[end..end + batch.len()].copy_from_slice(&batch);
+    (out, end + batch.len())
+}
+
 /// A power cut in the middle of a group commit: the batch's pages reach the disk in any
 /// order. A zero page followed by records of the same (unacknowledged) batch, or the marker's
 /// page followed by a zero page, is truncated like a torn tail; damage followed by a verified
@@ -87,9 +99,7 @@ async fn a_group_commit_cut_short_by_a_power_cut_is_truncated() {
     let good = fs::read(&log).unwrap();
     let end = records_end(&good);
     assert!(good[end..].iter().all(|b| *b == 0));
-    let mut batch = Vec::new();
-    record::encode_batch(&mut batch, &alloc_records(120));
-    assert!(batch.len() > 2 * 4096, "the batch spans pages");
+    let (full, batch_end) = with_batch(&good);
     let page_end = (end / 4096 + 1) * 4096;
     let lost_pages: [(usize, usize); 2] = [
         // The page holding the marker never made it; later pages of the batch did.
@@ -98,11 +108,10 @@ async fn a_group_commit_cut_short_by_a_power_cut_is_truncated() {
         (page_end, page_end + 4096),
     ];
     for (from, to) in lost_pages {
-        let mut torn = good.clone();
-        torn[end..end + batch.len()].copy_from_slice(&batch);
+        let mut torn = full.clone();
         torn[from..to].fill(0);
         assert!(
-            (to..end + batch.len()).any(|i| record::check_frame(&torn[i..]).is_ok()),
+            (to..batch_end).any(|i| record::check_frame(&torn[i..]).is_ok()),
             "valid records of the batch follow the lost page"
         );
         fs::write(&log, &torn).unwrap();
@@ -121,6 +130,38 @@ async fn a_group_commit_cut_short_by_a_power_cut_is_truncated() {
     assert!(e.contains("corrupt") && e.contains("valid records"), "{e}");
     assert_eq!(fs::read(&log).unwrap(), bad, "left untouched");
     fs::write(&log, &good).unwrap();
+}
+
+/// A full disk makes a rotation fail after it created the next log: the file stays empty (or
+/// holds part of its header) and the daemon goes on appending to the current log. A crash in
+/// the middle of such an append must still be a torn tail of the newest log that holds
+/// records, not damage followed by another log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_log_left_by_a_failed_rotation_is_dropped_and_the_torn_tail_before_it_zeroed() {
+    let (env, leases) = env_with_leases(3).await;
+    let log = newest_log(env.state_dir());
+    let good = fs::read(&log).unwrap();
+    let (mut torn, _) = with_batch(&good);
+    let page_end = (records_end(&good) / 4096 + 1) * 4096;
+    torn[page_end..page_end + 4096].fill(0);
+    let next = env.state_dir().join(log_name(1));
+    let mut header = Vec::new();
+    record::encode_header(&mut header, record::LOG_MAGIC, 1);
+    for left in [Vec::new(), header[..header.len() / 2].to_vec()] {
+        fs::write(&log, &torn).unwrap();
+        fs::write(&next, &left).unwrap();
+        let d = match Daemon::start(&env.config, Arc::new(Recorder::default())).await {
+            Ok(d) => d,
+            Err(e) => panic!(
+                "a {}-byte next log made the daemon refuse to start: {e}",
+                left.len()
+            ),
+        };
+        assert_eq!(list(&env.socket()).await, leases);
+        d.shutdown().await;
+        assert!(!next.exists(), "the failed next log is gone");
+        assert_eq!(fs::read(&log).unwrap(), good, "the torn batch is zeroed");
+    }
 }
 
 /// A state directory of the previous format (version 2: records not grouped in batches) loads;

@@ -16,7 +16,7 @@ use std::{
 
 use aliasnet_ebpf::{shadow::shadowed_class_prefixes, Datapath, DEFAULT_PIN_ROOT};
 use aliasnet_shaper::{
-    metrics::{self, Aggregation, Exporter, ExporterOptions},
+    metrics::{Aggregation, Exporter, ExporterOptions},
     Policy, DEFAULT_POLICY_PATH,
 };
 use anyhow::{Context, Result};
@@ -254,14 +254,17 @@ async fn metrics_server(
         .with_context(|| format!("bind the metrics endpoint to {addr} (--metrics-address)"))?;
     info!(%addr, aggregate = %args.aggregate, "serving metrics at http://{addr}/metrics");
     let shared = exporter.clone();
-    let render: metrics::http::RenderFn = Arc::new(move || {
+    let render: aliasnet_serve::metrics::RenderFn = Arc::new(move || {
         // A panic in an earlier render leaves nothing half-updated that matters: recover.
         let mut e = shared
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         e.render().map_err(|e| e.to_string())
     });
-    Ok(Some((metrics::http::serve(listener, render), exporter)))
+    Ok(Some((
+        aliasnet_serve::metrics::serve(listener, render, std::future::pending()),
+        exporter,
+    )))
 }
 
 async fn run(mut daemon: Daemon) -> Result<()> {

@@ -9,6 +9,7 @@
 //! - [`single`]: one node with hand-wired pods, an internet host and an internal peer, and a
 //!   private bpffs ([`bpffs`]): the datapath tests and the shaping benchmarks.
 //! - [`datapath`]: a node's pinned datapath as the tests read it (records, attachments).
+//! - [`mountns`]: a private mount namespace for tiny tmpfs and bpffs mounts.
 //! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;
 //!   [`traffic`]: iperf3 and ping; [`ctl`]: aliasnetctl; [`metrics`]: `/metrics`, promtool and Prometheus.
 //!
@@ -40,6 +41,7 @@ pub mod datapath;
 pub mod fabric;
 pub mod ipamd;
 pub mod metrics;
+pub mod mountns;
 pub mod netns;
 pub mod shaperd;
 pub mod single;

@@ -93,6 +93,9 @@ pub fn to_cni(conf: &NetConf, what: &str, e: &DatapathError) -> CniError {
         DatapathError::InvalidArgument { field, reason } => CniError::config(field, reason),
         DatapathError::Limit(l) => CniError::config(&l.field, &l.reason),
         DatapathError::Netns(_) => CniError::new(code::NETNS, format!("{what}: {e}")),
+        DatapathError::LockTimeout { .. } => {
+            CniError::new(code::TRY_AGAIN_LATER, format!("{what}: {e}"))
+        }
         _ => CniError::new(code::DATAPATH, format!("{what}: {e}")),
     }
 }

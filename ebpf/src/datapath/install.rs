@@ -17,7 +17,7 @@ use tracing::info;
 
 use super::{
     index,
-    pins::{ensure_bpffs, Lock, PinPaths},
+    pins::{create_pin_dirs, ensure_bpffs, Lock, PinPaths},
     scan_meta,
     specs::{check_abi_version, check_spec},
     typed, Datapath,
@@ -56,10 +56,7 @@ impl Datapath {
     pub fn install(root: impl Into<PathBuf>) -> Result<(Self, InstallReport), DatapathError> {
         let pins = PinPaths::new(root);
         ensure_bpffs(&pins.root)?;
-        for sub in ["maps", "progs", "node"] {
-            let dir = pins.root.join(sub);
-            std::fs::create_dir_all(&dir).map_err(|e| DatapathError::io("create", dir, e))?;
-        }
+        create_pin_dirs(&pins)?;
         let _lock = Lock::exclusive(&pins.root)?;
         let mut report = InstallReport::default();
 

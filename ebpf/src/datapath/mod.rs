@@ -17,7 +17,8 @@
 //! program, the program the maps, so nothing per pod is pinned and nothing depends on a
 //! running process. Pods keep being classified, counted and shaped while shaperd is down or
 //! restarting. All mutations take an exclusive `flock` on the root directory, which
-//! serialises concurrent CNI invocations and shaperd.
+//! serialises concurrent CNI invocations and shaperd; they wait for it at most
+//! [`pins::PIN_LOCK_TIMEOUT`]. The directories are root's alone (see [`pins`]).
 
 pub(crate) mod index;
 pub mod install;
@@ -73,6 +74,9 @@ impl Datapath {
     /// CNI plugin and exporters use; it loads nothing.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, DatapathError> {
         let pins = PinPaths::new(root);
+        if pins.root.exists() {
+            pins::check_pin_dir(&pins.root)?;
+        }
         let mut data = Vec::with_capacity(abi::MAPS.len());
         for spec in &abi::MAPS {
             let path = pins.map(spec.name);

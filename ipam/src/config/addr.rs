@@ -103,7 +103,7 @@ pub(super) fn parse_range(s: &str) -> Result<AddrRange, String> {
 }
 
 /// An inclusive range of addresses as integers, of either family: what [`subtract_spans`] works on.
-trait Span: Copy + Ord {
+pub(super) trait Span: Copy + Ord {
     fn bounds(&self) -> (u128, u128);
     /// Only called with bounds inside a range of the same type.
     fn from_bounds(first: u128, last: u128) -> Self;

@@ -6,6 +6,7 @@
 mod addr;
 mod parse;
 mod pool;
+mod reserved;
 #[cfg(test)]
 mod tests;
 
@@ -16,6 +17,7 @@ use serde::Deserialize;
 pub use addr::{AddrRange, Range6};
 pub use parse::parse_duration;
 pub use pool::{check_metadata_url, ImdsSpec, PoolSource, PoolSpec};
+pub use reserved::{reserved, reserved4, reserved6};
 
 /// Default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/aliasnet/ipamd.toml";

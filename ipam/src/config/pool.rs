@@ -11,6 +11,7 @@ use super::addr::{
     parse_range, subtract, subtract6, AnyRange,
 };
 use super::parse::RawPool;
+use super::reserved::{reserved_in, reserved_in6};
 
 /// Where a pool's addresses come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,17 +269,15 @@ pub(super) fn build_pool(
         }
     }
     let exclude = excl.clone();
-    let ranges = subtract(
-        &parts.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
-        &mut excl,
-    );
+    let listed: Vec<AddrRange> = parts.iter().map(|(r, _)| *r).collect();
+    let reserved = reserved_in(&listed);
+    excl.extend(reserved.iter().map(|(r, _)| *r));
+    let ranges = subtract(&listed, &mut excl);
     let size: u64 = ranges.iter().map(AddrRange::len).sum();
     if size == 0 {
-        return Err((
-            at("exclude"),
-            "the exclusions remove every address; the pool would be empty".into(),
-        ));
+        return Err(empty_pool(at("exclude"), &reserved));
     }
+    warn_reserved(name, &reserved, warnings);
     if size > MAX_TOTAL_ADDRESSES {
         return Err((
             at("cidrs"),
@@ -381,16 +380,14 @@ fn build_pool6(
     }
     let exclude6 = excl.clone();
     excl.extend(anycast);
-    let ranges6 = subtract6(
-        &parts.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
-        &mut excl,
-    );
+    let listed: Vec<Range6> = parts.iter().map(|(r, _)| *r).collect();
+    let reserved = reserved_in6(&listed);
+    excl.extend(reserved.iter().map(|(r, _)| *r));
+    let ranges6 = subtract6(&listed, &mut excl);
     if ranges6.is_empty() {
-        return Err((
-            at("exclude"),
-            "the exclusions remove every address; the pool would be empty".into(),
-        ));
+        return Err(empty_pool(at("exclude"), &reserved));
     }
+    warn_reserved(name, &reserved, warnings);
     let size: u128 = ranges6.iter().fold(0u128, |n, r| n.saturating_add(r.len()));
     Ok(PoolSpec {
         name: name.to_owned(),
@@ -404,6 +401,37 @@ fn build_pool6(
         exclude6,
         imds: None,
     })
+}
+
+/// The error of a static or prefixes pool left without addresses by its exclusions and the
+/// reserved addresses it listed (named, so the mistake is plain).
+fn empty_pool<R: fmt::Display>(field: String, reserved: &[(R, &str)]) -> (String, String) {
+    if reserved.is_empty() {
+        return (
+            field,
+            "the exclusions remove every address; the pool would be empty".into(),
+        );
+    }
+    let named: Vec<String> = reserved
+        .iter()
+        .map(|(r, why)| format!("{r} is {why}"))
+        .collect();
+    (
+        field,
+        format!(
+            "no address is left that a pod may hold ({}); the pool would be empty",
+            named.join("; ")
+        ),
+    )
+}
+
+/// One warning per reserved block a pool listed: those addresses are never handed out.
+fn warn_reserved<R: fmt::Display>(name: &str, reserved: &[(R, &str)], warnings: &mut Vec<String>) {
+    for (r, why) in reserved {
+        warnings.push(format!(
+            "pool '{name}': {r} is {why} and is never handed out"
+        ));
+    }
 }
 
 /// The family an `azure-imds` pool serves: `family`, IPv4 unless set.

@@ -353,3 +353,76 @@ fn ipv6_cidrs_skip_the_subnet_router_anycast_address_and_prefixes_do_not() {
     );
     assert_eq!(e.size, 254);
 }
+
+#[test]
+fn reserved_addresses_are_left_out_of_static_and_prefix_pools_with_a_warning() {
+    let one = |body: &str| parse(&format!("[[pool]]\nname=\"p\"\n{body}\n"));
+    // A pool of nothing else is refused, naming the addresses and why.
+    let refused = |body: &str, named: &[&str]| {
+        let e = one(body).unwrap_err().to_string();
+        assert!(named.iter().all(|n| e.contains(n)), "{e}");
+    };
+    // Otherwise the rest is served, and a warning names each reserved part.
+    let served = |body: &str, size: u64, named: &[&str]| {
+        let c = one(body).unwrap();
+        assert_eq!(c.pools[0].size, size, "{body}");
+        for n in named {
+            assert!(
+                c.warnings.iter().any(|w| w.contains(n)),
+                "{n}: {:?}",
+                c.warnings
+            );
+        }
+        c
+    };
+    // The pods' gateway among them.
+    refused(
+        "source=\"static\"\nranges=[\"169.254.1.1-169.254.1.4\"]",
+        &["169.254.1.1-169.254.1.4", "link-local"],
+    );
+    let c = served(
+        "source=\"static\"\ncidrs=[\"10.0.0.0/30\"]\n\
+         ips=[\"0.0.0.0\", \"127.0.0.5\", \"169.254.1.1\", \"224.0.0.1\", \"255.255.255.255\"]",
+        4,
+        &[
+            "0.0.0.0",
+            "127.0.0.5",
+            "169.254.1.1",
+            "224.0.0.1",
+            "255.255.255.255",
+        ],
+    );
+    let inside = |a: &str| {
+        let a = u32::from(a.parse::<Ipv4Addr>().unwrap());
+        c.pools[0]
+            .ranges
+            .iter()
+            .any(|r| r.first <= a && a <= r.last)
+    };
+    assert!(inside("10.0.0.3") && !inside("169.254.1.1") && !inside("224.0.0.1"));
+    // Delegated blocks likewise.
+    served(
+        "source=\"prefixes\"\nprefixes=[\"10.64.0.0/28\", \"169.254.0.0/28\"]",
+        16,
+        &["169.254.0.0-169.254.0.15"],
+    );
+    refused(
+        "source=\"prefixes\"\nprefixes=[\"224.0.0.0/28\"]",
+        &["224.0.0.0-224.0.0.15", "multicast"],
+    );
+    // IPv6: link-local (the gateway fe80::1 among them) and multicast.
+    refused(
+        "source=\"static\"\nranges=[\"fe80::1-fe80::4\"]",
+        &["fe80::1-fe80::4", "link-local"],
+    );
+    served(
+        "source=\"static\"\ncidrs=[\"fd00:240::/126\"]\nips=[\"ff02::1\", \"fe80::1\"]",
+        3,
+        &["ff02::1", "fe80::1"],
+    );
+    served(
+        "source=\"prefixes\"\nprefixes=[\"fd00:9::/112\", \"fe80::/112\"]",
+        65_536,
+        &["fe80::-fe80::ffff"],
+    );
+}

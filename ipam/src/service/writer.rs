@@ -1,6 +1,9 @@
 //! The group-commit writer thread and the compactions it starts.
 
-use std::thread::JoinHandle;
+use std::{
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
 
 use tokio::sync::mpsc;
 
@@ -11,7 +14,32 @@ use crate::{
 
 use super::*;
 
-type Compaction = Option<(u64, JoinHandle<Result<u64, store::StoreError>>)>;
+/// First wait after a failed compaction (a new log or a snapshot that could not be written);
+/// it doubles with every further failure up to [`COMPACT_BACKOFF_MAX`]. The usual cause is a
+/// full disk, which retrying after every batch would only fill further.
+const COMPACT_BACKOFF_MIN: Duration = Duration::from_secs(10);
+const COMPACT_BACKOFF_MAX: Duration = Duration::from_secs(600);
+
+/// The compaction in progress, if any, and when the next may start.
+#[derive(Default)]
+struct Compaction {
+    running: Option<(u64, JoinHandle<Result<u64, store::StoreError>>)>,
+    not_before: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Compaction {
+    fn failed(&mut self) -> Duration {
+        self.backoff = (self.backoff * 2).clamp(COMPACT_BACKOFF_MIN, COMPACT_BACKOFF_MAX);
+        self.not_before = Some(Instant::now() + self.backoff);
+        self.backoff
+    }
+
+    fn succeeded(&mut self) {
+        self.backoff = Duration::ZERO;
+        self.not_before = None;
+    }
+}
 
 /// The group-commit writer: one write + fdatasync per batch of everything queued.
 pub(super) fn writer_loop(
@@ -20,7 +48,7 @@ pub(super) fn writer_loop(
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
     cooldown_ms: u64,
 ) {
-    let mut compaction: Compaction = None;
+    let mut compaction = Compaction::default();
     let mut stopping = false;
     let mut buf = Vec::with_capacity(64 << 10);
     maybe_compact(&mut store, &mut compaction, cooldown_ms, &shared.clock);
@@ -50,8 +78,8 @@ pub(super) fn writer_loop(
     while let Ok(WriterMsg::Commit { records, ack }) = rx.try_recv() {
         write_batch(&mut store, shared, vec![(records, ack)], &mut buf);
     }
-    if let Some((g, h)) = compaction.take() {
-        finish_compaction(&mut store, g, h);
+    if let Some((g, h)) = compaction.running.take() {
+        finish_compaction(&mut store, &mut compaction, g, h);
     }
 }
 
@@ -94,12 +122,14 @@ fn write_batch(
 
 fn finish_compaction(
     store: &mut Store,
+    compaction: &mut Compaction,
     generation: u64,
     h: JoinHandle<Result<u64, store::StoreError>>,
 ) {
     match h.join() {
         Ok(Ok(len)) => {
             store.snapshot_done(generation, len);
+            compaction.succeeded();
             tracing::info!(
                 generation,
                 bytes = len,
@@ -107,23 +137,31 @@ fn finish_compaction(
             );
         }
         Ok(Err(e)) => {
-            tracing::error!(error = %crate::error_chain(&e), "snapshot failed; keeping the logs (the store stays consistent)")
+            let wait = compaction.failed();
+            tracing::error!(error = %crate::error_chain(&e), retry_in_s = wait.as_secs(), "snapshot failed; keeping the logs (the store stays consistent)")
         }
-        Err(_) => tracing::error!("snapshot thread panicked; keeping the logs"),
+        Err(_) => {
+            let wait = compaction.failed();
+            tracing::error!(
+                retry_in_s = wait.as_secs(),
+                "snapshot thread panicked; keeping the logs"
+            )
+        }
     }
 }
 
-/// Rotate the log and merge a snapshot in the background once enough log has accumulated.
+/// Rotate the log and merge a snapshot in the background once enough log has accumulated,
+/// unless the last attempt failed recently.
 fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u64, clock: &Clock) {
-    if let Some((g, h)) = compaction.take() {
+    if let Some((g, h)) = compaction.running.take() {
         if h.is_finished() {
-            finish_compaction(store, g, h);
+            finish_compaction(store, compaction, g, h);
         } else {
-            *compaction = Some((g, h));
+            compaction.running = Some((g, h));
             return;
         }
     }
-    if !store.should_compact() {
+    if !store.should_compact() || compaction.not_before.is_some_and(|t| Instant::now() < t) {
         return;
     }
     // Between batches nothing is half-written: the logs before the new generation hold
@@ -131,7 +169,8 @@ fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u6
     let generation = match store.rotate() {
         Ok(g) => g,
         Err(e) => {
-            tracing::error!(error = %crate::error_chain(&e), "cannot start a new log; compaction postponed");
+            let wait = compaction.failed();
+            tracing::error!(error = %crate::error_chain(&e), retry_in_s = wait.as_secs(), "cannot start a new log; compaction postponed");
             return;
         }
     };
@@ -141,7 +180,10 @@ fn maybe_compact(store: &mut Store, compaction: &mut Compaction, cooldown_ms: u6
         .name("ipam-snapshot".into())
         .spawn(move || job.run());
     match h {
-        Ok(h) => *compaction = Some((generation, h)),
-        Err(e) => tracing::error!(error = %e, "cannot start the snapshot thread"),
+        Ok(h) => compaction.running = Some((generation, h)),
+        Err(e) => {
+            let wait = compaction.failed();
+            tracing::error!(error = %e, retry_in_s = wait.as_secs(), "cannot start the snapshot thread")
+        }
     }
 }

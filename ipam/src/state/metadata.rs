@@ -7,7 +7,7 @@ use std::{
 
 use aliasnet_ipam_proto::{Lease, MetadataStatus};
 
-use crate::config::MAX_METADATA_ADDRESSES;
+use crate::config::{reserved4, reserved6, MAX_METADATA_ADDRESSES};
 
 use super::{pool::Slot, State};
 use crate::lease::Addr;
@@ -118,6 +118,11 @@ impl State {
             if self.pools6[q].spec.is_excluded6(a) || !listed.insert(a) {
                 continue;
             }
+            if let Some(why) = reserved6(*ip) {
+                listed.remove(&a);
+                change.refused.push(((*ip).into(), why.to_owned()));
+                continue;
+            }
             match self.locate6(a) {
                 Some(r) if r == q => {}
                 Some(r) => {
@@ -212,7 +217,8 @@ impl State {
 
     /// Apply a complete, successful metadata read of pool `p`: `addrs` are the secondary
     /// addresses it lists (primaries already removed). Addresses inside a static pool, held
-    /// by another metadata pool or excluded by the pool's config are refused.
+    /// by another metadata pool, excluded by the pool's config or reserved (loopback,
+    /// link-local, multicast, ...: see `config::reserved`) are refused.
     pub fn apply_metadata(&mut self, p: usize, addrs: &[Ipv4Addr], now_ms: u64) -> MetadataChange {
         self.expire(now_ms);
         let mut change = MetadataChange::default();
@@ -224,6 +230,11 @@ impl State {
             }
             if self.pools[p].spec.is_excluded(a) {
                 listed.remove(&a);
+                continue;
+            }
+            if let Some(why) = reserved4(*ip) {
+                listed.remove(&a);
+                change.refused.push(((*ip).into(), why.to_owned()));
                 continue;
             }
             let slot = match self.locate(Addr::from(a)) {

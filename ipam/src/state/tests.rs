@@ -360,3 +360,67 @@ fn allocation_stays_fast_when_nearly_full() {
     assert!(per_op < std::time::Duration::from_micros(200), "{per_op:?}");
     st.check_invariants();
 }
+
+#[test]
+fn reserved_metadata_addresses_are_refused_naming_why() {
+    let cfg = Config::parse(
+        "[[pool]]\nname=\"nic\"\nsource=\"azure-imds\"\n\
+         [[pool]]\nname=\"nic6\"\nsource=\"azure-imds\"\nfamily=\"ipv6\"\n",
+        Path::new("/test.toml"),
+    )
+    .unwrap();
+    let mut st = State::new(&cfg);
+    let v4: Vec<Ipv4Addr> = [
+        "10.0.8.6",
+        "0.0.0.0",
+        "127.0.0.5",
+        "169.254.1.1",
+        "169.254.169.254",
+        "224.0.0.1",
+        "239.1.2.3",
+        "255.255.255.255",
+    ]
+    .iter()
+    .map(|s| s.parse().unwrap())
+    .collect();
+    let v6: Vec<std::net::Ipv6Addr> = ["fd00:8::6", "::", "::1", "fe80::1", "febf::9", "ff02::1"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let nic = st.metadata_target("nic").unwrap();
+    let nic6 = st.metadata_target("nic6").unwrap();
+    for (pool, good, bad) in [
+        (
+            nic,
+            IpAddr::from(v4[0]),
+            v4[1..].iter().map(|a| IpAddr::from(*a)).collect::<Vec<_>>(),
+        ),
+        (
+            nic6,
+            IpAddr::from(v6[0]),
+            v6[1..].iter().map(|a| IpAddr::from(*a)).collect(),
+        ),
+    ] {
+        let change = st.apply_metadata_read(pool, &v4, &v6, 1_000);
+        assert_eq!(change.added, [good]);
+        let refused: Vec<IpAddr> = change.refused.iter().map(|(a, _)| *a).collect();
+        assert_eq!(refused, bad, "{:?}", change.refused);
+        for (a, why) in &change.refused {
+            let expect = match a {
+                IpAddr::V4(a) if a.is_loopback() || a.is_unspecified() || a.is_broadcast() => {
+                    ["loopback", "this network", "broadcast"].to_vec()
+                }
+                IpAddr::V4(a) if a.is_link_local() => ["link-local"].to_vec(),
+                IpAddr::V6(a) if a.is_loopback() || a.is_unspecified() => {
+                    ["loopback", "unspecified"].to_vec()
+                }
+                IpAddr::V6(a) if a.is_multicast() => ["multicast"].to_vec(),
+                IpAddr::V6(_) => ["link-local"].to_vec(),
+                IpAddr::V4(_) => ["multicast"].to_vec(),
+            };
+            assert!(expect.iter().any(|w| why.contains(w)), "{a}: {why}");
+        }
+    }
+    let stats = st.stats(1_000);
+    assert!(stats.iter().all(|s| s.total == 1), "{stats:?}");
+}

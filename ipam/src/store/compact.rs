@@ -227,8 +227,17 @@ impl FrameReader {
 }
 
 impl Job {
-    /// Write the merged snapshot (temp file, fsync, rename, fsync dir); returns its size.
+    /// Write the merged snapshot (temp file, fsync, rename, fsync dir); returns its size. A
+    /// failed attempt removes its temp file: on a full disk it holds the space the logs need.
     pub fn run(&self) -> Result<u64, StoreError> {
+        let r = self.merge();
+        if r.is_err() {
+            let _ = fs::remove_file(self.dir.join(SNAPSHOT_TMP));
+        }
+        r
+    }
+
+    fn merge(&self) -> Result<u64, StoreError> {
         // The logs since the snapshot, in memory: bounded by the compaction threshold (they
         // are big single buffers, mmapped by the allocator and returned on free).
         let mut logs = Vec::new();

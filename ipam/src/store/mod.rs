@@ -30,8 +30,9 @@ mod snapshot;
 use std::{
     fs::{self, DirBuilder, File, OpenOptions},
     io,
-    os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt},
+    os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use nix::fcntl::{Flock, FlockArg};
@@ -109,7 +110,7 @@ pub fn log_name(generation: u64) -> String {
 /// The open store: appends go to the newest log.
 pub struct Store {
     dir: PathBuf,
-    _lock: Flock<File>,
+    _lock: Arc<DirLock>,
     log: File,
     log_path: PathBuf,
     generation: u64,
@@ -160,25 +161,40 @@ fn write_zeros(f: &File, off: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Creates the state directory `dir` (mode 0700) unless it exists.
+pub fn ensure_dir(dir: &Path) -> Result<(), StoreError> {
+    let dir_err = |source| StoreError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    if !dir.exists() {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(dir_err)?;
+        // Make the new directory's entry durable before anything is acknowledged in it.
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent).map_err(dir_err)?;
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Lock `dir` (creating it), load the snapshot and replay the logs.
     pub fn open(dir: &Path) -> Result<(Self, Loaded), StoreError> {
+        ensure_dir(dir)?;
+        Self::open_locked(dir, Arc::new(DirLock::acquire(dir)?))
+    }
+
+    /// [`Store::open`] under `lock` (of `dir`), which the caller took and may keep holding
+    /// after the store is gone, whatever the outcome.
+    pub fn open_locked(dir: &Path, lock: Arc<DirLock>) -> Result<(Self, Loaded), StoreError> {
         let dir_err = |source| StoreError::Dir {
             path: dir.to_path_buf(),
             source,
         };
-        if !dir.exists() {
-            DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(dir_err)?;
-            // Make the new directory's entry durable before anything is acknowledged in it.
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent).map_err(dir_err)?;
-            }
-        }
-        let lock = lock_dir(dir)?;
 
         let mut logs: Vec<u64> = Vec::new();
         for ent in fs::read_dir(dir).map_err(dir_err)? {
@@ -240,6 +256,23 @@ impl Store {
                 &dir.join(log_name(snap_gen)),
                 format!("missing, but {SNAPSHOT_FILE} refers to it"),
             ));
+        }
+
+        let mut live = live;
+        if live.len() > 1 {
+            // A newest log that holds no record was made by a rotation that failed (a full
+            // disk) or crashed: the log before it is the newest, and its torn tail, if any,
+            // was never acknowledged.
+            let g = *live.last().expect("non-empty");
+            let path = dir.join(log_name(g));
+            if holds_no_record(&path)? {
+                fs::remove_file(&path).map_err(|source| StoreError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+                sync_dir(dir).map_err(dir_err)?;
+                live.pop();
+            }
         }
 
         let mut bytes_since_snapshot = 0;
@@ -419,7 +452,13 @@ impl Store {
         }
         let g = self.generation + 1;
         let path = self.dir.join(log_name(g));
-        let (f, alloc) = create_log(&self.dir, &path, g)?;
+        let (f, alloc) = create_log(&self.dir, &path, g).inspect_err(|_| {
+            // A full disk: the file exists but never got its header. Appends go on in the
+            // current log, which must stay the newest for the crash rules of loading.
+            if fs::remove_file(&path).is_ok() {
+                let _ = sync_dir(&self.dir);
+            }
+        })?;
         self.log = f;
         self.log_path = path;
         self.generation = g;
@@ -462,21 +501,60 @@ impl Store {
     }
 }
 
-/// `flock` the state directory's lock file.
-pub(crate) fn lock_dir(dir: &Path) -> Result<Flock<File>, StoreError> {
-    let lock_file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(dir.join(LOCK_FILE))
-        .map_err(|source| StoreError::Dir {
+/// The state directory's lock: an exclusive `flock` of its `lock` file, held by the daemon
+/// (through its [`Store`]) or by `recover` for as long as it uses the directory.
+pub struct DirLock {
+    _file: Flock<File>,
+}
+
+impl DirLock {
+    /// Takes the lock of `dir` (which must exist), or fails with [`StoreError::Locked`] at
+    /// once if another process holds it.
+    pub fn acquire(dir: &Path) -> Result<Self, StoreError> {
+        let dir_err = |source| StoreError::Dir {
             path: dir.to_path_buf(),
             source,
-        })?;
-    Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| StoreError::Locked {
-        path: dir.to_path_buf(),
-    })
+        };
+        let path = dir.join(LOCK_FILE);
+        // A `recover` may swap the directory between our open and our lock: the file locked
+        // must still be the one at `dir/lock`, or it guards a directory that was moved aside.
+        for _ in 0..3 {
+            let lock_file = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(dir_err)?;
+            let file = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+                StoreError::Locked {
+                    path: dir.to_path_buf(),
+                }
+            })?;
+            let held = file.metadata().map_err(dir_err)?;
+            match fs::metadata(&path) {
+                Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
+                    return Ok(Self { _file: file })
+                }
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(dir_err(e)),
+            }
+        }
+        Err(StoreError::Locked {
+            path: dir.to_path_buf(),
+        })
+    }
+}
+
+/// Whether the log at `path` has nothing but zeros after its header's place (a log whose
+/// creation never finished, or one no record was appended to).
+fn holds_no_record(path: &Path) -> Result<bool, StoreError> {
+    let bytes = fs::read(path).map_err(|source| StoreError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(bytes.len() <= HEADER_LEN || is_zero(&bytes[HEADER_LEN..]))
 }
 
 /// Write a log header and the first zero-filled chunk; returns the allocated length.

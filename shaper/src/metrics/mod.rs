@@ -35,8 +35,9 @@
 //! and namespace totals are sums over pods, so a detached pod would make them fall; the
 //! [`Ledger`] keeps what detached pods had counted (as last sampled) and starts the totals at
 //! zero when the exporter starts, so they only grow for the exporter's lifetime.
+//!
+//! The HTTP endpoint is `aliasnet_serve::metrics` (shared with ipamd).
 
-pub mod http;
 mod ledger;
 mod render;
 mod snapshot;
