@@ -520,15 +520,3 @@ impl Datapath {
             .collect())
     }
 }
-
-/// Withdraws (zeroes) each group of `groups` that is not the one `wanted` there.
-fn withdraw_changed(
-    groups: &mut [[u16; abi::NR_KINDS]; abi::NR_DIRS],
-    wanted: &[[u16; abi::NR_KINDS]; abi::NR_DIRS],
-) {
-    for (have, want) in groups.iter_mut().flatten().zip(wanted.iter().flatten()) {
-        if have != want {
-            *have = 0;
-        }
-    }
-}

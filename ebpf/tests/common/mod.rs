@@ -22,6 +22,7 @@ pub use v6::*;
 
 pub const TC_ACT_UNSPEC: u32 = u32::MAX; // -1
 pub const TC_ACT_SHOT: u32 = 2;
+pub const TC_ACT_OK: u32 = 0;
 /// `skb->dev` in BPF_PROG_TEST_RUN is the loopback device unless ctx names another.
 pub const TEST_IFINDEX: u32 = 1;
 pub const SLOT: u32 = 7;
