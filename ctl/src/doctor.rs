@@ -315,12 +315,13 @@ fn collect(g: &Global, o: &Options) -> Report {
         }
         if r.meta.limits.any_in(abi::Direction::Egress) {
             let netns = abi::cstr(&r.meta.netns);
+            let meta = r.meta;
             let ifname = r.ifname();
             let what = format!("pod {}/{}", r.namespace(), r.name());
             let fix = delete_pod_fix(&r.namespace(), &r.name());
             let dev = format!("{ifname} in {netns}");
             // One visit to the pod's netns: its interface, then that interface's qdiscs.
-            let pod_side = aliasnet_netns::run_in(&netns, move || {
+            let pod_side = aliasnet_ebpf::run_in_pod(&meta, move || {
                 let mut rt = Rtnl::new().ok()?;
                 let l = rt.links().ok()?.into_iter().find(|l| l.name == ifname)?;
                 Some(below_frame(&dev, l.index, l.mtu, &what, &fix))

@@ -62,8 +62,8 @@ pub use error::{DatapathError, MultiError};
 pub use limits::{CniBandwidth, LimitError, Limits};
 pub use object::{datapath_object, MissingObject};
 pub use pod::{
-    AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord, QdiscState,
-    ShapingStats, Teardown,
+    run_in_pod, AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord,
+    QdiscState, ShapingStats, Teardown,
 };
 pub use policy::{
     resolve_uplink, Dest, LevelLimits, NamespaceLimits, NodePolicy, PolicyReport, INTERNET,

@@ -6,7 +6,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     hash::{Hash, Hasher},
-    path::PathBuf,
 };
 
 use aya::maps::lpm_trie::Key;
@@ -20,7 +19,6 @@ use crate::{
     error::DatapathError,
     maps,
     netlink::Rtnl,
-    netns,
     pod::{effective, reconcile_host_side, reconcile_pod_side},
     programs,
 };
@@ -535,10 +533,9 @@ impl Datapath {
                     reconcile_host_side(&mut rt, &meta, false)?;
                 }
                 if pod_changed {
-                    let netns_path = PathBuf::from(abi::cstr(&meta.netns));
                     let pins = self.pins.clone();
                     let m = meta;
-                    meta.pod_ifindex = netns::run_in(&netns_path, || {
+                    meta.pod_ifindex = crate::pod::run_in_pod(&m, || {
                         reconcile_pod_side(&pins, rec.slot, &m, false)
                     })??;
                 }

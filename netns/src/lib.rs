@@ -55,12 +55,31 @@ pub enum NetnsError {
     Create(#[source] io::Error),
     #[error("thread working in network namespace {0} panicked")]
     Panicked(PathBuf),
+    /// The path names another namespace than the one recorded when the pod was attached
+    /// (the pod's namespace is gone and the path was reused, or something was mounted over
+    /// it): nothing is done there.
+    #[error(
+        "{path} is no longer the pod's network namespace (recorded device {want_dev} inode \
+         {want_ino}, found device {dev} inode {ino})"
+    )]
+    Replaced {
+        path: PathBuf,
+        want_dev: u64,
+        want_ino: u64,
+        dev: u64,
+        ino: u64,
+    },
 }
 
 impl NetnsError {
     /// Whether the namespace file does not exist (the container is gone).
     pub fn is_not_found(&self) -> bool {
         matches!(self, NetnsError::Open { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+
+    /// Whether the recorded namespace is gone: nothing at the path, or another namespace.
+    pub fn is_gone(&self) -> bool {
+        self.is_not_found() || matches!(self, NetnsError::Replaced { .. })
     }
 }
 
@@ -164,6 +183,34 @@ impl NetNs {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The namespace's identity: the device and inode of its nsfs file.
+    pub fn identity(&self) -> Result<(u64, u64), NetnsError> {
+        let m = self.file.metadata().map_err(|source| NetnsError::Stat {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok((m.dev(), m.ino()))
+    }
+
+    /// Opens the namespace at `path` only if it is still the one whose identity
+    /// ([`NetNs::identity`]) was recorded as (`dev`, `ino`): a path kept in a record may since
+    /// name another namespace, and work meant for the recorded one must not happen there.
+    /// The check is on the open file, so the path cannot be swapped after it.
+    pub fn open_recorded(path: impl AsRef<Path>, dev: u64, ino: u64) -> Result<Self, NetnsError> {
+        let ns = Self::open(path)?;
+        let (have_dev, have_ino) = ns.identity()?;
+        if (have_dev, have_ino) != (dev, ino) {
+            return Err(NetnsError::Replaced {
+                path: ns.path.clone(),
+                want_dev: dev,
+                want_ino: ino,
+                dev: have_dev,
+                ino: have_ino,
+            });
+        }
+        Ok(ns)
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {

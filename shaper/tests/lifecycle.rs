@@ -442,3 +442,84 @@ fn pinned_maps_of_another_abi_are_refused() {
     f.in_node(|| dp.attach_pod(&att)).expect("attach");
     assert_eq!(f.ping("pod", INTERNET, 2, 100, &[]), 2);
 }
+
+/// A network namespace mounted for this test at `/run/netns/<name>`, deleted on drop.
+struct NetnsMount(String);
+
+impl Drop for NetnsMount {
+    fn drop(&mut self) {
+        let _ = aliasnet_tests::netns::ip(&["netns", "del", &self.0]);
+    }
+}
+
+/// A pod's recorded netns path that now names another namespace (the pod's is gone and the
+/// name reused, or a namespace was mounted over the path): shaperd changes nothing there
+/// when a policy reload changes the pod's egress limit, and says why.
+#[test]
+fn a_netns_path_that_names_another_namespace_is_not_entered() {
+    require_root();
+    let mut f = Fabric::new();
+    let path = f.write_policy(POLICY_A);
+    f.start_shaperd(&path);
+    let mut dp = f.open();
+    let att = f.attachment(Limits::default());
+    f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    assert_eq!(htb_rate(&f, "pod", "eth0", "1:10"), "10Mbit");
+
+    // The pod's namespace stays alive under a second name; its recorded path gets an
+    // impostor with an eth0 of its own.
+    let name = f.ns("pod");
+    let run = |p: &str| format!("/run/netns/{p}");
+    let kept = NetnsMount(format!("{name}-kept"));
+    std::fs::File::create(run(&kept.0)).expect("mount point");
+    let sh = |args: &[&str]| {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .expect(args[0]);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    sh(&["mount", "--bind", &run(&name), &run(&kept.0)]);
+    sh(&["umount", &run(&name)]);
+    std::fs::remove_file(run(&name)).expect("remove the pod's netns file");
+    ip(&["netns", "add", &name]);
+    ip(&[
+        "-n", &name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+    ]);
+    ip(&["-n", &name, "link", "set", "eth0", "up"]);
+
+    f.write_policy(POLICY_B);
+    f.wait_log(
+        |l| l.matches("policy applied").count() >= 2,
+        "reload of policy B",
+    );
+    let qdiscs = Command::new("ip")
+        .args(["netns", "exec", &name, "tc", "qdisc", "show", "dev", "eth0"])
+        .output()
+        .expect("tc");
+    let qdiscs = String::from_utf8_lossy(&qdiscs.stdout);
+    assert!(
+        !qdiscs.contains("htb") && !qdiscs.contains("clsact"),
+        "shaperd shaped the impostor's eth0: {qdiscs}"
+    );
+    // The pod's own namespace was not reached either: its limit is as attached.
+    let classes = Command::new("ip")
+        .args([
+            "netns", "exec", &kept.0, "tc", "class", "show", "dev", "eth0",
+        ])
+        .output()
+        .expect("tc");
+    let classes = String::from_utf8_lossy(&classes.stdout);
+    assert!(classes.contains("rate 10Mbit"), "{classes}");
+    assert!(
+        f.log().contains("no longer the pod's network namespace"),
+        "{}",
+        f.log()
+    );
+    assert!(f.shaperd_alive());
+    f.stop_shaperd();
+}

@@ -31,7 +31,7 @@ use crate::{
         clsact::{self, FilterMode, Hook},
         NetlinkError, Rtnl,
     },
-    netns, programs,
+    programs,
 };
 
 /// What [`Datapath::install`] did.
@@ -333,9 +333,8 @@ fn refilter(
                 if m.pod_ifindex == 0 || pod_classes(m, abi::Direction::Egress).is_none() {
                     continue;
                 }
-                let ns = PathBuf::from(abi::cstr(&m.netns));
                 let ifname = abi::cstr(&m.ifname);
-                let res = netns::run_in(&ns, || {
+                let res = crate::pod::run_in_pod(m, || {
                     let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname.as_str()) else {
                         return Ok(false);
                     };
@@ -357,8 +356,8 @@ fn refilter(
                         }
                     }
                     // The pod is going away with its netns.
-                    Err(e) if e.is_not_found() => {
-                        info!(slot, netns = %ns.display(), "pod netns gone; not upgraded");
+                    Err(e) if e.is_gone() => {
+                        info!(slot, error = %e, "pod netns gone; not upgraded");
                     }
                     Err(e) => return Err(e.into()),
                 }

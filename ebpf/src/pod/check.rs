@@ -1,8 +1,6 @@
 //! CHECK and inspection: whether a pod's programs are where they should be, and its shaping
 //! queues' statistics.
 
-use std::path::PathBuf;
-
 use super::{ifindex, HookState, PodHooks, PodRecord, QdiscState, ShapingStats};
 use crate::{
     abi::{self, Direction},
@@ -11,7 +9,7 @@ use crate::{
     htb::{leaves_stats, pod_classes},
     maps,
     netlink::{clsact::GATE_PRIO, Hook, Rtnl},
-    netns, programs,
+    programs,
 };
 
 /// Our filter's state on `hook` of `ifindex` (in the calling thread's netns); `classid` is
@@ -95,10 +93,9 @@ impl Datapath {
         let (pod_egress, pod_htb) = if pod_classes(&rec.meta, Direction::Egress).is_none() {
             (HookState::NotNeeded, QdiscState::NotNeeded)
         } else {
-            let ns = PathBuf::from(abi::cstr(&rec.meta.netns));
             let ifname = rec.ifname();
             let meta = rec.meta;
-            match netns::run_in(&ns, || {
+            match super::run_in_pod(&rec.meta, || {
                 let i = ifindex(&ifname)?;
                 let mut rt = Rtnl::new()?;
                 let hook = hook_state(
@@ -179,9 +176,8 @@ impl Datapath {
             add(Direction::Ingress, &q);
         }
         if pod_classes(&rec.meta, Direction::Egress).is_some() {
-            let netns = PathBuf::from(abi::cstr(&rec.meta.netns));
             let pod_ifindex = rec.meta.pod_ifindex;
-            let q = netns::run_in(&netns, || {
+            let q = super::run_in_pod(&rec.meta, || {
                 Rtnl::new().and_then(|mut rt| rt.qdisc_stats(pod_ifindex))
             })??;
             add(Direction::Egress, &q);

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{attach::remove_pod_side, PodRecord, Teardown};
 use crate::{
@@ -104,9 +104,12 @@ impl Datapath {
             let netns_path = PathBuf::from(abi::cstr(&meta.netns));
             if meta.pod_ifindex != 0 && netns_path.exists() {
                 let pod_ifindex = meta.pod_ifindex;
-                match netns::run_in(&netns_path, || remove_pod_side(pod_ifindex)) {
+                match super::run_in_pod(meta, || remove_pod_side(pod_ifindex)) {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => debug!(slot, error = %e, "pod-side filter or qdisc not removed"),
+                    Err(e @ netns::NetnsError::Replaced { .. }) => {
+                        warn!(slot, error = %e, "pod netns not entered")
+                    }
                     Err(e) => debug!(slot, error = %e, "pod netns not entered"),
                 }
             }

@@ -103,6 +103,19 @@ pub struct PodRecord {
     pub counters: abi::PodCounters,
 }
 
+/// Runs `f` on a fresh thread inside the pod's network namespace as recorded when it was
+/// attached: the stored path must still name that namespace (same nsfs device and inode).
+/// A path that names another one (the pod's namespace is gone and the name reused, or
+/// something mounted over it) is refused, so no filter or qdisc of another namespace is
+/// ever touched for this pod.
+pub fn run_in_pod<T: Send>(
+    meta: &abi::PodMeta,
+    f: impl FnOnce() -> T + Send,
+) -> Result<T, crate::netns::NetnsError> {
+    let path = PathBuf::from(abi::cstr(&meta.netns));
+    crate::netns::NetNs::open_recorded(path, meta.netns_dev, meta.netns_ino)?.run(f)
+}
+
 impl PodRecord {
     pub fn namespace(&self) -> String {
         abi::cstr(&self.meta.k8s_namespace)
