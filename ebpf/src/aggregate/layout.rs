@@ -20,8 +20,8 @@ pub(crate) struct Group {
 
 /// The guaranteed rate of a pod's own bulk leaf (and of the shared one): the leaves borrow
 /// what they send from their group, which HTB shares among them round by round (one
-/// quantum, a frame, each); their own guarantees stay far below the group's so that they
-/// never add up to more than it.
+/// quantum each, the largest packet a leaf passes: so by bytes); their own guarantees stay
+/// far below the group's so that they never add up to more than it.
 const LEAF_RATE: u64 = 1_000;
 
 /// The classes of an aggregate with `groups` (at most one per kind) on a device (HTB root

@@ -84,10 +84,18 @@ fn htb_class_options(c: &HtbClass) -> Vec<u8> {
     let rate = (c.rate.rate / 8).max(1);
     let ceil = (c.ceil.rate / 8).max(1);
     // The DRR quantum used when siblings borrow: ~1/10 s of rate within HTB's sane range
-    // (setting it avoids the kernel's "quantum is big/small" warnings), and at least one of
-    // the device's frames, so that a class sends a full-size frame in one round.
-    let frame = c.ceil.frame.max(c.rate.frame);
-    let quantum = (rate / 10).clamp(1600.max(frame), 200_000.max(frame)) as u32;
+    // (setting it avoids the kernel's "quantum is big/small" warnings), and at least the
+    // largest packet the class's leaf hands HTB (a frame, or a GRO aggregate up to the tbf
+    // leaf's peak bucket). HTB sends one packet per round whatever its deficit, so with a
+    // smaller quantum siblings share by packets, not bytes: a pod whose aggregates are two
+    // jumbo frames got twice the share of one whose are one.
+    let largest = c
+        .ceil
+        .frame
+        .max(c.rate.frame)
+        .max(c.ceil.leaf_burst_bytes)
+        .max(c.rate.leaf_burst_bytes);
+    let quantum = (rate / 10).clamp(1600.max(largest), 200_000.max(largest)) as u32;
     let mut parms = Vec::with_capacity(44);
     parms.extend_from_slice(&ratespec(rate));
     parms.extend_from_slice(&ratespec(ceil));
@@ -396,14 +404,29 @@ mod tests {
         );
         assert_eq!(u32::from_ne_bytes(parms[40..44].try_into().unwrap()), 1);
 
-        // A slow class's DRR quantum holds one of its device's frames.
+        // A slow class's DRR quantum holds the largest packet its tbf leaf passes whole: a GRO
+        // aggregate of two of its device's frames.
         let slow = Shape::new(100_000, None, 9014);
         let o = htb_class_options(&HtbClass {
             rate: slow,
             ceil: slow,
             ..c
         });
-        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 9014);
+        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 2 * 9014);
+        // So does a pod's leaf in an aggregate (a token guarantee, the group's ceiling): its
+        // siblings share by bytes, not by packets, whatever their aggregates' sizes.
+        let o = htb_class_options(&HtbClass {
+            rate: Shape::new(1_000, None, 9014),
+            ceil: Shape::new(100_000_000, None, 9014),
+            ..c
+        });
+        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 2 * 9014);
+        let o = htb_class_options(&HtbClass {
+            rate: Shape::new(1_000, None, 1514),
+            ceil: Shape::new(1_000_000_000, None, 1514),
+            ..c
+        });
+        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 125_000);
 
         // Above 34 Gbit/s the rates need the 64-bit attributes.
         let fast = HtbClass {
