@@ -1,0 +1,352 @@
+//! The engine one node runs: every share period it reads its usage, estimates its demand per
+//! budget, reports changed demands to etcd, derives its shares from the published levels and
+//! applies them; next to that it is a candidate in the election and, while elected, the
+//! leader that computes and publishes the levels ([`crate::leader`]).
+//!
+//! The node side is a trait ([`NodeBudgets`]) so that the engine runs the same against the
+//! datapath in `aliasnet-shaperd` and against simulated nodes in tests and benchmarks.
+
+mod tasks;
+
+pub(crate) use tasks::MAX_TXN_OPS;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use aliasnet_ebpf::limits::MIN_RATE;
+use tokio::{
+    sync::{watch, Notify},
+    time::Instant,
+};
+
+use crate::{
+    config::{Budget, BudgetKey, ClusterConfig},
+    error::BudgetError,
+    estimate::{Estimator, Usage},
+    share::{Contact, Mode, ShareState},
+    water::Allocation,
+    wire::{valid_node_name, Published},
+};
+
+/// What the engine needs from a node.
+pub trait NodeBudgets: Send + 'static {
+    /// The node's usage of one budget's traffic: bytes so far, congestion of the queue that
+    /// enforces it, the node's own limit for it.
+    fn usage(&mut self, key: &BudgetKey) -> Usage;
+    /// Applies every budget's share (bit/s) as the node's limit for that class and direction
+    /// (or namespace, class and direction): the lower of it and the node's own limit. Called
+    /// with every configured budget whenever a share changes.
+    fn apply(&mut self, caps: &BTreeMap<BudgetKey, u64>);
+}
+
+/// One budget as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetStatus {
+    pub key: BudgetKey,
+    /// The configured budget, bit/s.
+    pub budget: u64,
+    /// This node's demand estimate, bit/s.
+    pub demand: u64,
+    /// The demand etcd has for this node (last written under the current lease).
+    pub reported: Option<u64>,
+    /// This node's share, bit/s, and how it was derived.
+    pub share: u64,
+    pub mode: Mode,
+    /// Measured throughput of the last period, bit/s.
+    pub use_bps: u64,
+    /// The leader's last published value.
+    pub published: Option<Published>,
+    /// The leader's own computation (this node is the leader).
+    pub cluster: Option<Allocation>,
+}
+
+/// The engine's state, for metrics and `aliasnetctl budget`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Status {
+    pub node: String,
+    /// The session to etcd is up.
+    pub connected: bool,
+    pub leader: bool,
+    pub budgets: Vec<BudgetStatus>,
+    /// Time of the leader's last computation of all levels.
+    pub compute_time: Duration,
+    /// Leader elections this node won since it started.
+    pub elections_won: u64,
+    /// Sessions (re)established since start.
+    pub sessions: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct PerBudget {
+    pub estimator: Estimator,
+    pub share: ShareState,
+    pub demand: u64,
+    pub ceiling: u64,
+    /// The demand etcd has for this node under its current lease.
+    pub reported: Option<u64>,
+    /// The share applied during the current period.
+    pub applied: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub budgets: Vec<Budget>,
+    pub per: BTreeMap<BudgetKey, PerBudget>,
+    /// Every published level seen, configured here or not.
+    pub levels: BTreeMap<BudgetKey, Published>,
+    /// Nodes reporting each budget, counted at session start.
+    pub counted: BTreeMap<BudgetKey, u32>,
+    /// Budgets removed from the configuration whose demand keys are still in etcd.
+    pub removed: BTreeSet<BudgetKey>,
+    pub contact: Contact,
+    pub leader: bool,
+    pub cluster: BTreeMap<BudgetKey, Allocation>,
+    pub compute_time: Duration,
+    pub elections_won: u64,
+    pub sessions: u64,
+}
+
+impl Core {
+    /// Starts using `budgets`; state of budgets that stay is kept.
+    fn set_budgets(&mut self, mut budgets: Vec<Budget>) {
+        budgets.sort();
+        budgets.dedup_by(|a, b| a.key == b.key);
+        let keep: BTreeSet<&BudgetKey> = budgets.iter().map(|b| &b.key).collect();
+        let gone: Vec<BudgetKey> = self
+            .per
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if self.per.remove(&k).is_some_and(|p| p.reported.is_some()) {
+                self.removed.insert(k);
+            }
+        }
+        for b in &budgets {
+            self.removed.remove(&b.key);
+            self.per.entry(b.key.clone()).or_default();
+        }
+        self.budgets = budgets;
+    }
+
+    /// Forgets everything written under a lease that expired.
+    pub(crate) fn lease_lost(&mut self) {
+        for p in self.per.values_mut() {
+            p.share.lease_lost();
+            p.reported = None;
+        }
+        self.removed.clear();
+    }
+}
+
+pub(crate) type Shared = Arc<Mutex<Core>>;
+
+pub(crate) fn lock(core: &Shared) -> MutexGuard<'_, Core> {
+    // Nothing is left half-updated by a panic that matters more than stopping the engine.
+    core.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Controls a running engine.
+#[derive(Clone)]
+pub struct Handle {
+    budgets: watch::Sender<Vec<Budget>>,
+    status: watch::Receiver<Status>,
+    stop: watch::Sender<bool>,
+}
+
+impl Handle {
+    /// Replaces the budgets (a policy reload). The cluster settings need a new engine.
+    pub fn set_budgets(&self, budgets: Vec<Budget>) {
+        self.budgets.send_replace(budgets);
+    }
+
+    /// The engine's state, updated every period and on every share change.
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.status.clone()
+    }
+
+    /// Stops the engine: it revokes its lease (its demands and candidacy go at once) and
+    /// [`Engine::run`] returns. The shares applied last stay applied.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+}
+
+/// One node's engine; [`Engine::run`] drives it.
+pub struct Engine {
+    cfg: ClusterConfig,
+    node: String,
+    budgets: watch::Receiver<Vec<Budget>>,
+    status: watch::Sender<Status>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Engine {
+    /// An engine for node `node` (its Kubernetes node name) with `budgets`.
+    pub fn new(
+        cfg: ClusterConfig,
+        node: &str,
+        budgets: Vec<Budget>,
+    ) -> Result<(Engine, Handle), BudgetError> {
+        if !valid_node_name(node) {
+            return Err(BudgetError::NodeName(node.to_owned()));
+        }
+        let (btx, brx) = watch::channel(budgets);
+        let (stx, srx) = watch::channel(Status {
+            node: node.to_owned(),
+            ..Status::default()
+        });
+        let (ptx, prx) = watch::channel(false);
+        Ok((
+            Engine {
+                cfg,
+                node: node.to_owned(),
+                budgets: brx,
+                status: stx,
+                stop: prx,
+            },
+            Handle {
+                budgets: btx,
+                status: srx,
+                stop: ptx,
+            },
+        ))
+    }
+
+    /// Runs until [`Handle::stop`]. etcd errors are retried, never returned: a node without
+    /// etcd holds, then splits statically.
+    pub async fn run<N: NodeBudgets>(mut self, mut node: N) -> Result<(), BudgetError> {
+        let core: Shared = Arc::new(Mutex::new(Core {
+            budgets: Vec::new(),
+            per: BTreeMap::new(),
+            levels: BTreeMap::new(),
+            counted: BTreeMap::new(),
+            removed: BTreeSet::new(),
+            contact: Contact {
+                connected: false,
+                last_ok: None,
+                ttl: self.cfg.lease_ttl,
+            },
+            leader: false,
+            cluster: BTreeMap::new(),
+            compute_time: Duration::ZERO,
+            elections_won: 0,
+            sessions: 0,
+        }));
+        lock(&core).set_budgets(self.budgets.borrow_and_update().clone());
+        let wake = Arc::new(Notify::new());
+        let write = Arc::new(Notify::new());
+        let sessions = tokio::spawn(tasks::sessions(
+            self.cfg.clone(),
+            self.node.clone(),
+            core.clone(),
+            wake.clone(),
+            write.clone(),
+            self.stop.clone(),
+        ));
+        let mut tick = tokio::time::interval(self.cfg.share_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut applied: Option<BTreeMap<BudgetKey, u64>> = None;
+        loop {
+            let sample = tokio::select! {
+                _ = tick.tick() => true,
+                _ = wake.notified() => false,
+                r = self.budgets.changed() => {
+                    if r.is_ok() {
+                        lock(&core).set_budgets(self.budgets.borrow_and_update().clone());
+                        write.notify_one();
+                    }
+                    false
+                }
+                _ = self.stop.changed() => break,
+            };
+            let keys: Vec<BudgetKey> = lock(&core).budgets.iter().map(|b| b.key.clone()).collect();
+            let usage: Vec<Usage> = if sample {
+                keys.iter().map(|k| node.usage(k)).collect()
+            } else {
+                Vec::new()
+            };
+            let caps = self.period(&core, &usage);
+            if applied.as_ref() != Some(&caps) {
+                node.apply(&caps);
+                applied = Some(caps);
+            }
+            if sample {
+                write.notify_one();
+            }
+        }
+        let _ = sessions.await;
+        Ok(())
+    }
+
+    /// Takes the readings (empty: only re-derive shares), updates demands and shares; the caps.
+    fn period(&self, core: &Shared, usage: &[Usage]) -> BTreeMap<BudgetKey, u64> {
+        let now = Instant::now();
+        let mut guard = lock(core);
+        let c = &mut *guard;
+        let mut caps = BTreeMap::new();
+        for (i, b) in c.budgets.iter().enumerate() {
+            let p = c.per.entry(b.key.clone()).or_default();
+            p.share.published = c.levels.get(&b.key).cloned();
+            p.share.counted = c.counted.get(&b.key).copied();
+            let nodes = p
+                .share
+                .published
+                .as_ref()
+                .map(|x| x.nodes)
+                .or(p.share.counted)
+                .unwrap_or(self.cfg.fallback_nodes)
+                .max(1);
+            // An idle node's demand: all idle nodes together hold at most 5 % of the budget,
+            // and a node that starts pulling is not stalled while it waits for the leader.
+            let floor = (b.rate / (20 * u64::from(nodes))).max(MIN_RATE);
+            if let Some(u) = usage.get(i) {
+                p.ceiling = u.ceiling.map_or(b.rate, |c| c.min(b.rate));
+                p.demand = p.estimator.update(now, *u, p.applied, p.ceiling, floor);
+            } else if p.ceiling == 0 {
+                p.ceiling = b.rate;
+                p.demand = floor;
+            }
+            let (share, _) =
+                p.share
+                    .derive(now, c.contact, b.rate, p.demand, self.cfg.fallback_nodes);
+            p.applied = Some(share);
+            caps.insert(b.key.clone(), share);
+        }
+        let status = Status {
+            node: self.node.clone(),
+            connected: c.contact.connected,
+            leader: c.leader,
+            budgets: c
+                .budgets
+                .iter()
+                .map(|b| {
+                    let p = &c.per[&b.key];
+                    let (share, mode) = p.share.share.unwrap_or((0, Mode::Static));
+                    BudgetStatus {
+                        key: b.key.clone(),
+                        budget: b.rate,
+                        demand: p.demand,
+                        reported: p.reported,
+                        share,
+                        mode,
+                        use_bps: p.estimator.rate,
+                        published: p.share.published.clone(),
+                        cluster: c.cluster.get(&b.key).copied(),
+                    }
+                })
+                .collect(),
+            compute_time: c.compute_time,
+            elections_won: c.elections_won,
+            sessions: c.sessions,
+        };
+        drop(guard);
+        self.status.send_replace(status);
+        caps
+    }
+}
