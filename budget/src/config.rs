@@ -53,8 +53,9 @@ pub const DEFAULT_TTL_PERIODS: u32 = 5;
 pub const DEFAULT_FALLBACK_NODES: u32 = 100;
 const MIN_SHARE_PERIOD: Duration = Duration::from_millis(500);
 const MAX_SHARE_PERIOD: Duration = Duration::from_secs(60);
-/// etcd rounds shorter TTLs up to its own minimum (1.5 election timeouts, 2 s by default).
-const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+/// etcd rounds shorter TTLs up to its own minimum (1.5 election timeouts, 2 s by default); the
+/// engine asks for one second less than `lease_ttl` (see `session::granted_ttl`).
+const MIN_LEASE_TTL: Duration = Duration::from_secs(3);
 const MAX_LEASE_TTL: Duration = Duration::from_secs(600);
 
 /// A key with a value it cannot have. `key` is the dotted path (`classes.mirrors.cluster_ingress_rate`).
@@ -326,7 +327,7 @@ impl ClusterConfig {
             return Err(ConfigError::new(
                 "cluster.lease_ttl",
                 format!(
-                    "{lease_ttl:?} must be at least 2 s and 2 share periods, and at most 10 minutes"
+                    "{lease_ttl:?} must be at least 3 s and 2 share periods, and at most 10 minutes"
                 ),
             ));
         }

@@ -135,9 +135,11 @@ fallback_nodes = 7500",
     let tls = c.tls.unwrap();
     assert_eq!(tls.ca, PathBuf::from("/etc/aliasnet/etcd/ca.crt"));
     assert!(tls.identity.is_some());
-    // An explicit TTL wins; the default is whole seconds, at least etcd's minimum.
+    // An explicit TTL wins; the default is whole seconds, at least 3 s.
     let c = cluster("etcd_endpoints = [\"http://e:2379\"]\nshare_period = \"500ms\"").unwrap();
     assert_eq!(c.lease_ttl, Duration::from_secs(3));
+    let c = cluster("etcd_endpoints = [\"http://e:2379\"]\nshare_period = \"700ms\"").unwrap();
+    assert_eq!(c.lease_ttl, Duration::from_secs(4));
     let c = cluster("etcd_endpoints = [\"http://e:2379\"]\nshare_period = \"300ms\"");
     assert!(c.is_err());
     let c = cluster("etcd_endpoints = [\"http://e:2379\"]\nlease_ttl = \"30s\"").unwrap();
@@ -163,7 +165,7 @@ fn bad_cluster_keys_name_their_key() {
         ("etcd_endpoints = [\"http://e:2379\"]\netcd_prefix = \"/\"", "cluster.etcd_prefix"),
         ("etcd_endpoints = [\"http://e:2379\"]\nshare_period = \"2\"", "cluster.share_period"),
         ("etcd_endpoints = [\"http://e:2379\"]\nshare_period = \"100ms\"", "cluster.share_period"),
-        ("etcd_endpoints = [\"http://e:2379\"]\nlease_ttl = \"1s\"", "cluster.lease_ttl"),
+        ("etcd_endpoints = [\"http://e:2379\"]\nlease_ttl = \"2s\"", "cluster.lease_ttl"),
         (
             "etcd_endpoints = [\"http://e:2379\"]\nshare_period = \"5s\"\nlease_ttl = \"8s\"",
             "cluster.lease_ttl",

@@ -6,8 +6,8 @@
 //! could use (its own node-level limit for the class, else the whole budget). Max-min
 //! fairness then gives it the water level, and the next period's measurement says whether
 //! it used it. A node that is not held back asks for its measured use plus [`HEADROOM`], so
-//! that ordinary variation does not make it look held back; its demand is the larger of the
-//! last two periods', so one quiet period does not give its share away.
+//! that ordinary variation does not make it look held back. A node whose pods stop frees its
+//! share after one period.
 
 use tokio::time::Instant;
 
@@ -36,9 +36,7 @@ pub struct Usage {
 #[derive(Debug, Clone, Default)]
 pub struct Estimator {
     last: Option<(Instant, u64)>,
-    /// Throughput (bit/s) of the last two periods, newest first.
-    recent: [u64; 2],
-    /// Throughput of the last period.
+    /// Throughput of the last period, bit/s.
     pub rate: u64,
 }
 
@@ -59,16 +57,22 @@ impl Estimator {
                 let secs = (now - t).as_secs_f64();
                 (u.bytes.saturating_sub(b) as f64 * 8.0 / secs) as u64
             }
-            _ => 0,
+            Some(_) => self.rate,
+            // Nothing measured yet (a start, or a restart under load): ask for the ceiling, so
+            // that the node starts from the static share rather than from the idle floor; one
+            // period later the measurement corrects it.
+            None => {
+                self.last = Some((now, u.bytes));
+                return ceiling;
+            }
         };
         self.last = Some((now, u.bytes));
-        self.recent = [rate, self.recent[0]];
         self.rate = rate;
         let held_back = u.congested || cap.is_some_and(|c| rate as f64 >= BOTTLENECK * c as f64);
         let demand = if held_back {
             ceiling
         } else {
-            (self.recent[0].max(self.recent[1]) as f64 * HEADROOM) as u64
+            (rate as f64 * HEADROOM) as u64
         };
         demand.clamp(floor.min(ceiling), ceiling)
     }
@@ -103,10 +107,10 @@ mod tests {
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
         let mut e = Estimator::default();
-        // First reading: no rate yet, the floor.
+        // First reading: nothing measured yet, the ceiling.
         assert_eq!(
             e.update(t0, usage(0, false), Some(50_000_000), 1_000_000_000, 1_000),
-            1_000
+            1_000_000_000
         );
         // 10 Mbit/s under a 50M share: demand 12M.
         assert_eq!(
@@ -137,27 +141,11 @@ mod tests {
             e.update(s(3), usage(b, true), Some(50_000_000), 800_000_000, 1_000),
             800_000_000
         );
-        // Idle for one period: the previous period's rate still counts.
-        assert_eq!(
-            e.update(
-                s(4),
-                usage(b, false),
-                Some(50_000_000),
-                1_000_000_000,
-                1_000
-            ),
-            1_200_000
-        );
-        assert_eq!(
-            e.update(
-                s(5),
-                usage(b, false),
-                Some(50_000_000),
-                1_000_000_000,
-                1_000
-            ),
-            1_000
-        );
+        // Idle: the floor, at once.
+        let idle = |e: &mut Estimator, t| {
+            e.update(t, usage(b, false), Some(50_000_000), 1_000_000_000, 1_000)
+        };
+        assert_eq!(idle(&mut e, s(4)), 1_000);
         // A counter that went backwards (reset) reads as no traffic, not as a huge rate.
         assert_eq!(
             e.update(s(6), usage(10, false), None, 1_000_000_000, 1_000),

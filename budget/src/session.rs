@@ -26,6 +26,12 @@ pub struct Session {
     pub reused: bool,
 }
 
+/// The TTL asked of etcd: one second under `lease_ttl`, because etcd removes expired leases in
+/// a sweep every 500 ms; so a dead node's keys and leadership are gone within `lease_ttl`.
+pub fn granted_ttl(cfg: &ClusterConfig) -> Duration {
+    cfg.lease_ttl.saturating_sub(Duration::from_secs(1))
+}
+
 /// Time allowed for one unary request.
 pub fn request_timeout(cfg: &ClusterConfig) -> Duration {
     (cfg.lease_ttl / 3).max(Duration::from_secs(1))
@@ -41,9 +47,11 @@ async fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Bud
         })
 }
 
-/// Connects to the configured endpoints (TLS files are read on every connection, so rotated
-/// certificates are picked up).
-pub async fn connect(cfg: &ClusterConfig) -> Result<Client, BudgetError> {
+/// Connects to one endpoint (TLS files are read on every connection, so rotated certificates
+/// are picked up). A session talks to one member at a time, as etcd's own clients do, and
+/// moves to the next when that one fails: a client balanced over all members keeps sending
+/// some requests to a dead one.
+pub async fn connect(cfg: &ClusterConfig, endpoint: &str) -> Result<Client, BudgetError> {
     let probe = request_timeout(cfg);
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(probe)
@@ -62,18 +70,18 @@ pub async fn connect(cfg: &ClusterConfig) -> Result<Client, BudgetError> {
         }
         opts = opts.with_tls(t);
     }
-    let client = deadline(
-        "connect",
-        probe,
-        Client::connect(cfg.endpoints.clone(), Some(opts)),
-    )
-    .await?;
+    let client = deadline("connect", probe, Client::connect([endpoint], Some(opts))).await?;
     Ok(client)
 }
 
-/// Opens a session: reuses `previous` while etcd still has it, else grants a new lease.
-pub async fn open(cfg: &ClusterConfig, previous: Option<i64>) -> Result<Session, BudgetError> {
-    let client = connect(cfg).await?;
+/// Opens a session through `endpoint`: reuses `previous` while etcd still has it, else grants
+/// a new lease.
+pub async fn open(
+    cfg: &ClusterConfig,
+    endpoint: &str,
+    previous: Option<i64>,
+) -> Result<Session, BudgetError> {
+    let client = connect(cfg, endpoint).await?;
     let limit = request_timeout(cfg);
     let mut leases = client.lease_client();
     if let Some(id) = previous {
@@ -87,7 +95,7 @@ pub async fn open(cfg: &ClusterConfig, previous: Option<i64>) -> Result<Session,
             });
         }
     }
-    let asked = cfg.lease_ttl.as_secs() as i64;
+    let asked = granted_ttl(cfg).as_secs() as i64;
     let grant = deadline("lease grant", limit, leases.grant(asked, None)).await?;
     Ok(Session {
         client,

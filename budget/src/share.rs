@@ -100,7 +100,7 @@ impl ShareState {
 
     /// The node count of the static split: the last published one, else the node's own
     /// count, else `fallback`.
-    fn nodes(&self, fallback: u32) -> u32 {
+    pub fn nodes(&self, fallback: u32) -> u32 {
         self.published
             .as_ref()
             .map(|p| p.nodes)

@@ -143,6 +143,15 @@ impl Core {
     }
 }
 
+/// Aborts the task when dropped: a dropped engine leaves no session behind.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 pub(crate) type Shared = Arc<Mutex<Core>>;
 
 pub(crate) fn lock(core: &Shared) -> MutexGuard<'_, Core> {
@@ -241,14 +250,14 @@ impl Engine {
         lock(&core).set_budgets(self.budgets.borrow_and_update().clone());
         let wake = Arc::new(Notify::new());
         let write = Arc::new(Notify::new());
-        let sessions = tokio::spawn(tasks::sessions(
+        let mut sessions = AbortOnDrop(tokio::spawn(tasks::sessions(
             self.cfg.clone(),
             self.node.clone(),
             core.clone(),
             wake.clone(),
             write.clone(),
             self.stop.clone(),
-        ));
+        )));
         let mut tick = tokio::time::interval(self.cfg.share_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut applied: Option<BTreeMap<BudgetKey, u64>> = None;
@@ -280,8 +289,23 @@ impl Engine {
                 write.notify_one();
             }
         }
-        let _ = sessions.await;
+        let _ = (&mut sessions.0).await;
+        // The datapath keeps the last caps after the daemon exits: leave the static split
+        // there, not a share the leader is about to give to others.
+        node.apply(&self.static_caps(&core));
         Ok(())
+    }
+
+    /// budget ÷ nodes last seen, for every budget.
+    fn static_caps(&self, core: &Shared) -> BTreeMap<BudgetKey, u64> {
+        let c = lock(core);
+        c.budgets
+            .iter()
+            .map(|b| {
+                let nodes = c.per[&b.key].share.nodes(self.cfg.fallback_nodes);
+                (b.key.clone(), (b.rate / u64::from(nodes)).max(MIN_RATE))
+            })
+            .collect()
     }
 
     /// Takes the readings (empty: only re-derive shares), updates demands and shares; the caps.
@@ -294,14 +318,7 @@ impl Engine {
             let p = c.per.entry(b.key.clone()).or_default();
             p.share.published = c.levels.get(&b.key).cloned();
             p.share.counted = c.counted.get(&b.key).copied();
-            let nodes = p
-                .share
-                .published
-                .as_ref()
-                .map(|x| x.nodes)
-                .or(p.share.counted)
-                .unwrap_or(self.cfg.fallback_nodes)
-                .max(1);
+            let nodes = p.share.nodes(self.cfg.fallback_nodes);
             // An idle node's demand: all idle nodes together hold at most 5 % of the budget,
             // and a node that starts pulling is not stalled while it waits for the leader.
             let floor = (b.rate / (20 * u64::from(nodes))).max(MIN_RATE);
@@ -309,8 +326,9 @@ impl Engine {
                 p.ceiling = u.ceiling.map_or(b.rate, |c| c.min(b.rate));
                 p.demand = p.estimator.update(now, *u, p.applied, p.ceiling, floor);
             } else if p.ceiling == 0 {
+                // Not sampled yet: as a first reading (see `Estimator::update`).
                 p.ceiling = b.rate;
-                p.demand = floor;
+                p.demand = b.rate;
             }
             let (share, _) =
                 p.share

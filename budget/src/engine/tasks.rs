@@ -31,20 +31,40 @@ pub(crate) async fn sessions(
     let keys = Keys::new(&cfg.prefix);
     let mut lease = None;
     let mut backoff = Duration::from_millis(200);
+    // Nodes start on different members (by name), spreading the connections.
+    let n = cfg.endpoints.len();
+    let mut ep = node
+        .bytes()
+        .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into()))
+        % n;
+    let mut failed_in_a_row = 0;
     loop {
         if *stop.borrow() {
             return;
         }
+        let endpoint = &cfg.endpoints[ep];
         let opened = tokio::select! {
-            r = session::open(&cfg, lease) => r,
+            r = session::open(&cfg, endpoint, lease) => r,
             _ = stop.changed() => return,
         };
         let s = match opened {
             Ok(s) => s,
             Err(e) => {
-                warn!("cluster budget: {e}; retrying in {backoff:?}");
                 lock(&core).contact.connected = false;
                 wake.notify_one();
+                ep = (ep + 1) % n;
+                failed_in_a_row += 1;
+                // The next member at once; a pause only after all of them failed.
+                if failed_in_a_row % n != 0 {
+                    warn!(
+                        "cluster budget: {endpoint}: {e}; trying {}",
+                        cfg.endpoints[ep]
+                    );
+                    continue;
+                }
+                warn!(
+                    "cluster budget: {endpoint}: {e}; no member answers, retrying in {backoff:?}"
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = stop.changed() => return,
@@ -53,6 +73,7 @@ pub(crate) async fn sessions(
                 continue;
             }
         };
+        failed_in_a_row = 0;
         {
             let mut c = lock(&core);
             if !s.reused {
@@ -61,7 +82,7 @@ pub(crate) async fn sessions(
             c.contact.ttl = s.ttl;
             c.sessions += 1;
         }
-        info!(lease = format!("{:x}", s.lease), reused = s.reused, ttl = ?s.ttl, "cluster budget: session to etcd");
+        info!(%endpoint, lease = format!("{:x}", s.lease), reused = s.reused, ttl = ?s.ttl, "cluster budget: session to etcd");
         lease = Some(s.lease);
         let ended = tokio::select! {
             r = s.keep_alive(|sent| lock(&core).contact.last_ok = Some(sent)) => r,
@@ -91,9 +112,10 @@ pub(crate) async fn sessions(
                 warn!("cluster budget: lease expired; starting over with a new one");
                 lease = None;
             }
-            Err(e) => warn!("cluster budget: session ended: {e}"),
+            Err(e) => warn!("cluster budget: session through {endpoint} ended: {e}"),
             Ok(()) => {}
         }
+        ep = (ep + 1) % n;
         backoff = Duration::from_millis(200);
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
