@@ -95,7 +95,7 @@ impl Dice {
 
     /// A demand: elastic half of the time, else 1-20 Mbit/s.
     fn want(&mut self) -> f64 {
-        if self.next() % 2 == 0 {
+        if self.next().is_multiple_of(2) {
             f64::INFINITY
         } else {
             (1 + self.next() % 20) as f64 * 1e6

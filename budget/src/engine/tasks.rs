@@ -37,7 +37,7 @@ pub(crate) async fn sessions(
         .bytes()
         .fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b.into()))
         % n;
-    let mut failed_in_a_row = 0;
+    let mut failed_in_a_row = 0usize;
     loop {
         if *stop.borrow() {
             return;
@@ -55,7 +55,7 @@ pub(crate) async fn sessions(
                 ep = (ep + 1) % n;
                 failed_in_a_row += 1;
                 // The next member at once; a pause only after all of them failed.
-                if failed_in_a_row % n != 0 {
+                if !failed_in_a_row.is_multiple_of(n) {
                     warn!(
                         "cluster budget: {endpoint}: {e}; trying {}",
                         cfg.endpoints[ep]
