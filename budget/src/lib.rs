@@ -11,6 +11,7 @@
 //! - [`estimate`]: a node's demand from its counters and queue state.
 //! - [`session`]: the etcd connection and the node's lease.
 //! - [`leader`]: the elected node's demand view and publishing.
+//! - [`view`]: a read-only look at the budgets in etcd (`aliasnetctl budget`).
 
 pub mod config;
 pub mod engine;
@@ -19,6 +20,7 @@ pub mod estimate;
 pub mod leader;
 pub mod session;
 pub mod share;
+pub mod view;
 pub mod water;
 pub mod wire;
 
