@@ -3,9 +3,9 @@
 //! ```toml
 //! [cluster]
 //! etcd_endpoints = ["https://10.0.0.5:2379", "https://10.0.0.6:2379", "https://10.0.0.7:2379"]
-//! etcd_ca_file = "/etc/aliasnet/etcd/ca.crt"     # required with https endpoints
-//! etcd_cert_file = "/etc/aliasnet/etcd/tls.crt"  # client certificate (etcd --client-cert-auth)
-//! etcd_key_file = "/etc/aliasnet/etcd/tls.key"
+//! etcd_ca_file = "/etc/aliasnet-etcd/ca.crt"     # required with https endpoints
+//! etcd_cert_file = "/etc/aliasnet-etcd/tls.crt"  # client certificate (etcd --client-cert-auth)
+//! etcd_key_file = "/etc/aliasnet-etcd/tls.key"
 //! etcd_prefix = "/aliasnet"                      # every key lives under it
 //! share_period = "2s"                            # demand reports and share computation
 //! lease_ttl = "10s"                              # default 5 share periods
