@@ -147,6 +147,15 @@ impl Env {
         max
     }
 
+    /// Every node's cap, in node order.
+    fn caps(&self) -> Vec<u64> {
+        self.sim
+            .nodes
+            .iter()
+            .map(|n| n.cap(&mirrors()).unwrap())
+            .collect()
+    }
+
     fn total_rate(&self) -> f64 {
         self.sim.total_rate(&mirrors())
     }
@@ -297,21 +306,10 @@ fn etcd_failures_hold_then_split_never_unlimited() {
     e.start_elastic(6);
     e.sim.nodes[0].set_want(&mirrors(), 10e6);
     e.until("converge", START + 4 * P, |e| {
-        e.in_band()
-            && e.sim.nodes.iter().all(|n| {
-                n.status()
-                    .budgets
-                    .first()
-                    .is_some_and(|b| b.mode == Mode::Level)
-            })
+        e.settled() && e.in_band() && e.sim.nodes[0].cap(&mirrors()).unwrap_or(B) < B / 6
     });
     std::thread::sleep(2 * P);
-    let before: Vec<u64> = e
-        .sim
-        .nodes
-        .iter()
-        .map(|n| n.cap(&mirrors()).unwrap())
-        .collect();
+    let before = e.caps();
 
     // One member down: no change.
     e.etcd.kill(1);
@@ -332,12 +330,7 @@ fn etcd_failures_hold_then_split_never_unlimited() {
     e.etcd.wait_healthy(Duration::from_secs(10)).unwrap();
 
     // All members down: hold the last shares, then the static split.
-    let before: Vec<u64> = e
-        .sim
-        .nodes
-        .iter()
-        .map(|n| n.cap(&mirrors()).unwrap())
-        .collect();
+    let before = e.caps();
     e.etcd.kill_all();
     let down = Instant::now();
     std::thread::sleep(TTL / 3);
@@ -364,13 +357,7 @@ fn etcd_failures_hold_then_split_never_unlimited() {
     // etcd back: the nodes rejoin with their leases and return to the level.
     e.etcd.restart_all().unwrap();
     let t = e.until("back on the level", 10 * TTL, |e| {
-        e.in_band()
-            && e.sim.nodes.iter().all(|n| {
-                n.status()
-                    .budgets
-                    .first()
-                    .is_some_and(|b| b.mode == Mode::Level)
-            })
+        e.settled() && e.in_band()
     });
     eprintln!("recovered {t:?} after etcd answered again");
     e.bounded(2 * P, B * 105 / 100);

@@ -175,25 +175,6 @@ impl Exporter {
 /// Fails unless `promtool check metrics` accepts `text` (the Prometheus server's own linter).
 #[cfg(test)]
 pub(crate) fn promtool_check(text: &str) {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("promtool (Debian package prometheus) is needed: {e}"));
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (code, out) = aliasnet_tests::metrics::promtool_check_metrics(text);
+    assert_eq!(code, 0, "promtool check metrics: {out}\n{text}");
 }
