@@ -260,8 +260,32 @@ fn measure(n: usize, args: &Args) -> Result<Row> {
     })
 }
 
+/// The leader's computation alone for `n` nodes: one budget's water level over `n` demands
+/// (allocation and sort included), median of 101 runs, in µs.
+fn compute_only(n: usize) -> f64 {
+    let mut dice = Dice(0x2545_f491_4f6c_dd1d);
+    let demands: Vec<u64> = (0..n).map(|_| 1 + dice.next() % 1_000_000_000).collect();
+    let mut times: Vec<f64> = (0..101)
+        .map(|_| {
+            let mut d = demands.clone();
+            let t = Instant::now();
+            std::hint::black_box(aliasnet_budget::water::allocate(
+                40_000_000_000,
+                std::hint::black_box(&mut d),
+            ));
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[50]
+}
+
 pub fn run(args: Args) -> Result<()> {
     aliasnet_tests::require_root();
+    for n in [1_000, 7_500, 75_000] {
+        println!("water level over {n} demands: {:.0} µs (median of 101)", compute_only(n));
+    }
+    println!();
     println!(
         "| reporters | nodes counted | etcd writes/s | watch events/s | etcd CPU (3 members, cores) | leader CPU (cores) | computation p50 / max (µs) | CPU per reporter (ms/s) |"
     );
