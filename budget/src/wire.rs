@@ -77,6 +77,18 @@ pub fn valid_node_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
 }
 
+/// This node's name in the budget: `flag` (a `--node-name`), else `NODE_NAME` (the DaemonSet
+/// sets it from `spec.nodeName`), else the host name.
+pub fn node_name(flag: Option<String>) -> String {
+    flag.or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
 pub fn encode_demand(bps: u64) -> String {
     bps.to_string()
 }

@@ -48,18 +48,6 @@ struct Report {
     budgets: Vec<Row>,
 }
 
-/// The node name shaperd reports under: `--node`, else `NODE_NAME` (the DaemonSet sets it
-/// from the downward API), else the host name.
-pub fn node_name(flag: Option<String>) -> String {
-    flag.or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-        })
-        .unwrap_or_default()
-}
-
 fn key_labels(s: &http::Sample) -> Option<BudgetKey> {
     let ns = s.label("namespace").filter(|n| !n.is_empty());
     Some(BudgetKey::new(
