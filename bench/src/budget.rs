@@ -283,7 +283,10 @@ fn compute_only(n: usize) -> f64 {
 pub fn run(args: Args) -> Result<()> {
     aliasnet_tests::require_root();
     for n in [1_000, 7_500, 75_000] {
-        println!("water level over {n} demands: {:.0} µs (median of 101)", compute_only(n));
+        println!(
+            "water level over {n} demands: {:.0} µs (median of 101)",
+            compute_only(n)
+        );
     }
     println!();
     println!(

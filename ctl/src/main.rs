@@ -214,7 +214,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                 },
             )
         }
-        Command::Budget { config, node } => budget::run(g, &config, &aliasnet_budget::wire::node_name(node)),
+        Command::Budget { config, node } => {
+            budget::run(g, &config, &aliasnet_budget::wire::node_name(node))
+        }
         Command::Doctor { veth_prefix, grace } => doctor::run(
             g,
             &doctor::Options {

@@ -5,7 +5,7 @@ use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use etcd_client::{EventType, GetOptions, Txn, TxnOp, WatchOptions};
 use tokio::sync::{watch, Notify};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{lock, Shared};
 use crate::{
@@ -54,17 +54,26 @@ pub(crate) async fn sessions(
                 wake.notify_one();
                 ep = (ep + 1) % n;
                 failed_in_a_row += 1;
-                // The next member at once; a pause only after all of them failed.
+                // The next member at once; a pause only after all of them failed. One round of
+                // warnings per outage, the retries after it at debug level.
+                let first_round = failed_in_a_row <= n;
                 if !failed_in_a_row.is_multiple_of(n) {
-                    warn!(
-                        "cluster budget: {endpoint}: {e}; trying {}",
-                        cfg.endpoints[ep]
-                    );
+                    if first_round {
+                        warn!(
+                            "cluster budget: {endpoint}: {e}; trying {}",
+                            cfg.endpoints[ep]
+                        );
+                    }
                     continue;
                 }
-                warn!(
-                    "cluster budget: {endpoint}: {e}; no member answers, retrying in {backoff:?}"
-                );
+                if first_round {
+                    warn!(
+                        "cluster budget: {endpoint}: {e}; no member answers, retrying every {:?} at most",
+                        cfg.share_period
+                    );
+                } else {
+                    debug!("cluster budget: {endpoint}: {e}; retrying in {backoff:?}");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     _ = stop.changed() => return,
