@@ -2,8 +2,8 @@
 //! nodes.
 //!
 //! A real 3-member etcd (Debian's etcd-server) in its own namespace behind a router, a leader
-//! process (`budget-node`, started first so that it wins the election; its CPU is measured
-//! from /proc) and N light reporters in this process: real engines (own connection, lease,
+//! process (`aliasnet-budget-node` of the test fabric, started first so that it wins the
+//! election; its CPU is measured from /proc) and N light reporters in this process: real engines (own connection, lease,
 //! watch, candidacy) over simulated traffic on two budgets, half elastic, with 5 % of the
 //! nodes changing their demand every share period. After a warm-up, over `--secs`:
 //! etcd write transactions per second (store revisions), watch events sent by the members,
@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aliasnet_budget::{Budget, BudgetKey, ClusterConfig, Direction};
+use aliasnet_budget::BudgetPolicy;
 use aliasnet_tests::{
     budget::SimCluster,
     etcd::{EtcdCluster, EtcdOpts},
@@ -43,43 +43,21 @@ pub struct Args {
     period: String,
 }
 
-/// `budget-node`: one engine in its own process (the leader of the measurement).
-#[derive(clap::Args, Debug)]
-pub struct NodeArgs {
-    #[arg(long, value_delimiter = ',')]
-    endpoints: Vec<String>,
-    #[arg(long)]
-    name: String,
-    #[arg(long, default_value = "2s")]
-    period: String,
-    /// Reporters of the measurement (the budgets scale with them).
-    #[arg(long)]
-    reporters: usize,
-}
-
 const PREFIX: &str = "/bench";
 
-fn budgets(n: usize) -> Vec<Budget> {
+/// The policy of every node: two budgets sized for `n` nodes.
+fn policy(endpoints: &[String], period: &str, n: usize) -> Result<(String, BudgetPolicy)> {
     let rate = 10_000_000 * n.max(1) as u64;
-    vec![
-        Budget {
-            key: BudgetKey::new(None, "mirrors", Direction::Ingress),
-            rate,
-        },
-        Budget {
-            key: BudgetKey::new(None, "internet", Direction::Ingress),
-            rate: rate * 4,
-        },
-    ]
-}
-
-fn config(endpoints: &[String], period: &str) -> Result<ClusterConfig> {
     let list: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
     let text = format!(
-        "etcd_endpoints = [{}]\netcd_prefix = {PREFIX:?}\nshare_period = {period:?}\n",
-        list.join(", ")
+        "[cluster]\netcd_endpoints = [{}]\netcd_prefix = {PREFIX:?}\nshare_period = {period:?}\n\
+         [internet]\ncluster_ingress_rate = {}\n\
+         [classes.mirrors]\ncidrs = [\"203.0.113.0/24\"]\ncluster_ingress_rate = {rate}\n",
+        list.join(", "),
+        rate * 4
     );
-    Ok(ClusterConfig::from_table(&text.parse()?)?)
+    let parsed = BudgetPolicy::parse(&text)?;
+    Ok((text, parsed))
 }
 
 /// A small deterministic generator (no dependency for a benchmark's dice).
@@ -164,16 +142,18 @@ fn measure(n: usize, args: &Args) -> Result<Row> {
         ..FabricOpts::default()
     })?;
     let etcd = EtcdCluster::start(&fabric.vnet, EtcdOpts::default())?;
-    let cfg = config(&etcd.endpoints(), &args.period)?;
+    let (text, policy) = policy(&etcd.endpoints(), &args.period, n)?;
+    let cfg = policy.cluster.clone().context("[cluster]")?;
     let period = cfg.share_period;
+    let file = etcd.dir().join("shaper.toml");
+    std::fs::write(&file, text)?;
     // The leader, in its own process.
     let mut leader = fabric
         .node(1)
         .ns
-        .command(std::env::current_exe()?)
-        .args(["budget-node", "--name", "leader", "--period", &args.period])
-        .arg(format!("--reporters={n}"))
-        .arg(format!("--endpoints={}", etcd.endpoints().join(",")))
+        .command(aliasnet_tests::bin("aliasnet-budget-node"))
+        .args(["--name", "leader", "--policy"])
+        .arg(&file)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -202,7 +182,7 @@ fn measure(n: usize, args: &Args) -> Result<Row> {
     }
     let mut sim = SimCluster::new(fabric.node(1).ns.path(), cfg)?;
     let mut dice = Dice(0x9e37_79b9_7f4a_7c15 ^ n as u64);
-    let b = budgets(n);
+    let b = policy.budgets;
     for i in 0..n {
         let idx = sim.start(&format!("r{i}"), &b, None)?;
         for bud in &b {
@@ -309,35 +289,4 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The leader process: one engine on simulated elastic traffic, printing its status as a JSON
-/// line every second.
-pub fn node(args: NodeArgs) -> Result<()> {
-    let cfg = config(&args.endpoints, &args.period)?;
-    let mut sim = SimCluster::new("/proc/self/ns/net".into(), cfg)?;
-    let b = budgets(args.reporters);
-    let i = sim.start(&args.name, &b, None)?;
-    for bud in &b {
-        sim.nodes[i].set_want(&bud.key, f64::INFINITY);
-    }
-    let status = sim.nodes[i].handle.status();
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let s = status.borrow().clone();
-        let nodes = s
-            .budgets
-            .iter()
-            .filter_map(|b| b.cluster.map(|c| c.nodes))
-            .max()
-            .unwrap_or(0);
-        println!(
-            "{}",
-            serde_json::json!({
-                "leader": s.leader,
-                "compute_us": s.compute_time.as_micros() as u64,
-                "nodes": nodes,
-            })
-        );
-    }
 }

@@ -48,9 +48,6 @@ enum Section {
     /// Cluster budget: etcd writes, watch events, etcd and leader CPU, share computation
     /// time with N reporting nodes on a real 3-member etcd.
     Budget(budget::Args),
-    /// The leader process of `budget` (one engine on simulated traffic).
-    #[command(hide = true)]
-    BudgetNode(budget::NodeArgs),
     /// Development tool: attach, detach or show a pod by hand (run it in the node's netns).
     Podctl(podctl::Args),
 }
@@ -64,6 +61,5 @@ fn main() -> Result<()> {
         Section::AttachCost(a) => attach_cost::run(a),
         Section::Podctl(a) => podctl::run(a),
         Section::Budget(a) => budget::run(a),
-        Section::BudgetNode(a) => budget::node(a),
     }
 }

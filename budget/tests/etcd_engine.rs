@@ -392,3 +392,102 @@ fn tls_with_client_certificates() {
     assert_eq!(st.budgets[0].mode, Mode::Static);
     assert_eq!(sim.nodes[i].cap(&mirrors()), Some(B / 10));
 }
+
+/// A node whose wall clock steps (NTP, an operator) keeps its share: the engine times
+/// everything on the monotonic clock and etcd times the leases. The node runs in a process of
+/// its own under libfaketime, its wall clock stepped a day forward, two hours back and a year
+/// forward while it shares with five others.
+#[test]
+fn a_wall_clock_step_changes_nothing() {
+    aliasnet_tests::require_tool("faketime", "faketime");
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "{lib} missing: apt-get install faketime"
+    );
+    let mut e = env(EtcdOpts::default(), "");
+    e.start_elastic(5);
+    let dir = e.etcd.dir().to_owned();
+    let (stamp, policy) = (dir.join("faketime"), dir.join("shaper.toml"));
+    std::fs::write(&stamp, "+0").unwrap();
+    let list: Vec<String> = e
+        .etcd
+        .endpoints()
+        .iter()
+        .map(|x| format!("{x:?}"))
+        .collect();
+    std::fs::write(
+        &policy,
+        format!(
+            "[cluster]\netcd_endpoints = [{}]\netcd_prefix = \"/t\"\nshare_period = \"500ms\"\nlease_ttl = \"3s\"\n[classes.mirrors]\ncidrs = [\"203.0.113.0/24\"]\ncluster_ingress_rate = {B}\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    let mut child = e
+        ._fabric
+        .node(1)
+        .ns
+        .command(aliasnet_tests::bin("aliasnet-budget-node"))
+        .args(["--name", "node-6", "--policy"])
+        .arg(&policy)
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME_TIMESTAMP_FILE", &stamp)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let guard = aliasnet_tests::ChildGuard(child);
+    let last = std::sync::Arc::new(std::sync::Mutex::new(serde_json::Value::Null));
+    let sink = last.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            *sink.lock().unwrap() = serde_json::from_str(&l).unwrap_or_default();
+        }
+    });
+    // Fair: the process node's share within 5 % of a sixth, and on the level.
+    let fair = |e: &Env| {
+        let v = last.lock().unwrap().clone();
+        let share = v["share"].as_u64().unwrap_or(0);
+        let total = e.sim.total_caps(&mirrors()) + share;
+        v["mode"] == "level"
+            && share.abs_diff(B / 6) <= B / 6 / 20
+            && e.settled()
+            && total <= B * 105 / 100
+    };
+    e.until(
+        "six nodes share, one of them in its own process",
+        START + 4 * P,
+        |e| fair(e),
+    );
+    let skew = || {
+        let wall = last.lock().unwrap()["wall_unix"].as_i64().unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        wall - now
+    };
+    for (step, secs) in [("+1d", 86_400), ("-2h", -7_200), ("+365d", 365 * 86_400)] {
+        std::fs::write(&stamp, step).unwrap();
+        e.until(
+            "the node's wall clock stepped",
+            Duration::from_secs(2),
+            |_| (skew() - secs).abs() < 60,
+        );
+        let start = Instant::now();
+        while start.elapsed() < 4 * P {
+            assert!(
+                fair(&e),
+                "after a wall clock step of {step}: {}\n{}",
+                last.lock().unwrap(),
+                e.report()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(guard);
+}
