@@ -79,8 +79,8 @@ impl EtcdCluster {
         let dir = tempfile::Builder::new()
             .prefix("aliasnet-etcd-")
             .tempdir_in(base)?;
-        let rif = format!("etcd{}", tag.replace('x', ""));
-        let rif = &rif[..rif.len().min(15)];
+        // The router's side of the link, in the router's (the test's own) namespace.
+        let rif = "etcd";
         router.ip(&[
             "link", "add", rif, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
         ])?;
