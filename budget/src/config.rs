@@ -255,7 +255,11 @@ impl ClusterConfig {
         if let Some(k) = t.keys().find(|k| !CLUSTER_KEYS.contains(&k.as_str())) {
             return Err(ConfigError::new(
                 format!("cluster.{k}"),
-                format!("unknown key (known: {})", CLUSTER_KEYS.join(", ")),
+                // serde's wording, as for every other table of the file.
+                format!(
+                    "unknown key, expected one of {}",
+                    CLUSTER_KEYS.map(|k| format!("`{k}`")).join(", ")
+                ),
             ));
         }
         let endpoints = endpoints(t.get("etcd_endpoints"))?;
@@ -537,6 +541,25 @@ impl BudgetPolicy {
                 .map(|(key, rate)| Budget { key, rate })
                 .collect(),
         })
+    }
+}
+
+impl BudgetPolicy {
+    /// Each budget's static split over `[cluster] fallback_nodes`: what a node applies before
+    /// its engine has derived a share (empty without `[cluster]`).
+    pub fn static_caps(&self) -> BTreeMap<BudgetKey, u64> {
+        let Some(c) = &self.cluster else {
+            return BTreeMap::new();
+        };
+        self.budgets
+            .iter()
+            .map(|b| {
+                (
+                    b.key.clone(),
+                    crate::share::static_share(b.rate, c.fallback_nodes),
+                )
+            })
+            .collect()
     }
 }
 

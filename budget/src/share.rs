@@ -23,6 +23,11 @@ use tokio::time::Instant;
 
 use crate::wire::Published;
 
+/// The static split: `budget ÷ nodes`, at least the smallest rate the datapath enforces.
+pub fn static_share(budget: u64, nodes: u32) -> u64 {
+    (budget / u64::from(nodes.max(1))).max(MIN_RATE)
+}
+
 /// How the current share was derived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -125,7 +130,10 @@ impl ShareState {
             let alive = contact.last_ok.is_some_and(|t| now < t + contact.ttl);
             match self.share {
                 Some((s, _)) if alive => (s, Mode::Holding),
-                _ => (budget / u64::from(self.nodes(fallback_nodes)), Mode::Static),
+                _ => (
+                    static_share(budget, self.nodes(fallback_nodes)),
+                    Mode::Static,
+                ),
             }
         };
         let share = share.max(MIN_RATE);

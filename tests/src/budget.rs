@@ -61,15 +61,16 @@ impl Traffic {
 struct Driver(Arc<Mutex<Traffic>>);
 
 impl NodeBudgets for Driver {
-    fn usage(&mut self, key: &BudgetKey) -> Usage {
+    fn usage(&mut self, keys: &[BudgetKey]) -> Vec<Usage> {
         let mut t = self.0.lock().unwrap();
         t.advance();
-        let want = t.want.get(key).copied().unwrap_or(0.0);
-        Usage {
-            bytes: t.bytes.get(key).copied().unwrap_or(0.0) as u64,
-            congested: t.rate(key) < want,
-            ceiling: t.ceiling.get(key).copied(),
-        }
+        keys.iter()
+            .map(|key| Usage {
+                bytes: t.bytes.get(key).copied().unwrap_or(0.0) as u64,
+                congested: t.rate(key) < t.want.get(key).copied().unwrap_or(0.0),
+                ceiling: t.ceiling.get(key).copied(),
+            })
+            .collect()
     }
 
     fn apply(&mut self, caps: &BTreeMap<BudgetKey, u64>) {

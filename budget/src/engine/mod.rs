@@ -26,16 +26,16 @@ use crate::{
     config::{Budget, BudgetKey, ClusterConfig},
     error::BudgetError,
     estimate::{Estimator, Usage},
-    share::{Contact, Mode, ShareState},
+    share::{static_share, Contact, Mode, ShareState},
     water::Allocation,
     wire::{valid_node_name, Published},
 };
 
 /// What the engine needs from a node.
 pub trait NodeBudgets: Send + 'static {
-    /// The node's usage of one budget's traffic: bytes so far, congestion of the queue that
-    /// enforces it, the node's own limit for it.
-    fn usage(&mut self, key: &BudgetKey) -> Usage;
+    /// The node's usage of each budget's traffic (in `keys`' order), read once per period:
+    /// bytes so far, congestion of the queue that enforces it, the node's own limit for it.
+    fn usage(&mut self, keys: &[BudgetKey]) -> Vec<Usage>;
     /// Applies every budget's share (bit/s) as the node's limit for that class and direction
     /// (or namespace, class and direction): the lower of it and the node's own limit. Called
     /// with every configured budget whenever a share changes.
@@ -276,7 +276,7 @@ impl Engine {
             };
             let keys: Vec<BudgetKey> = lock(&core).budgets.iter().map(|b| b.key.clone()).collect();
             let usage: Vec<Usage> = if sample {
-                keys.iter().map(|k| node.usage(k)).collect()
+                node.usage(&keys)
             } else {
                 Vec::new()
             };
@@ -303,7 +303,7 @@ impl Engine {
             .iter()
             .map(|b| {
                 let nodes = c.per[&b.key].share.nodes(self.cfg.fallback_nodes);
-                (b.key.clone(), (b.rate / u64::from(nodes)).max(MIN_RATE))
+                (b.key.clone(), static_share(b.rate, nodes))
             })
             .collect()
     }
