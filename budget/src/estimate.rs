@@ -1,9 +1,13 @@
 //! A node's demand for one budget: what its pods would use unshaped.
 //!
 //! Measured throughput is a lower bound of that: traffic held back by the node's share is not
-//! seen. So a node whose share is the bottleneck (it uses at least [`BOTTLENECK`] of it, or the
-//! shaping queue reports drops, overlimits or a backlog) asks for its ceiling: the most it
-//! could use (its own node-level limit for the class, else the whole budget). Max-min
+//! seen. So a node whose share is the bottleneck (it uses at least [`BOTTLENECK`] of it, or at
+//! least [`CONGESTED_USE`] of it while the shaping queue reports drops, overlimits or a
+//! backlog) asks for its ceiling: the most it could use (its own node-level limit for the
+//! class, else the whole budget). A queue that delays traffic while the node uses less than
+//! that is bursty traffic under a share that is large enough, not a share that is too small:
+//! a steady flow sits at 1 / [`HEADROOM`] (83 %) of its share, and a burst of a pod that reads
+//! at 10 Mbit/s in 128 KiB blocks waits in the queue every time. Max-min
 //! fairness then gives it the water level, and the next period's measurement says whether
 //! it used it. A node that is not held back asks for its measured use plus [`HEADROOM`], so
 //! that ordinary variation does not make it look held back. A node whose pods stop frees its
@@ -13,6 +17,8 @@ use tokio::time::Instant;
 
 /// Use / share at or above which the share counts as the bottleneck.
 pub const BOTTLENECK: f64 = 0.95;
+/// Use / share at or above which a congested queue means the share is the bottleneck.
+pub const CONGESTED_USE: f64 = 0.9;
 /// Demand of a node that is not held back, over its use.
 pub const HEADROOM: f64 = 1.2;
 /// A demand change smaller than this fraction is not reported (fewer etcd writes).
@@ -68,7 +74,13 @@ impl Estimator {
         };
         self.last = Some((now, u.bytes));
         self.rate = rate;
-        let held_back = u.congested || cap.is_some_and(|c| rate as f64 >= BOTTLENECK * c as f64);
+        let held_back = match cap {
+            Some(c) => {
+                let used = rate as f64 / c as f64;
+                used >= BOTTLENECK || (u.congested && used >= CONGESTED_USE)
+            }
+            None => u.congested,
+        };
         let demand = if held_back {
             ceiling
         } else {
@@ -135,12 +147,20 @@ mod tests {
             ),
             1_000_000_000
         );
-        // Queue drops count as held back whatever the rate.
-        let b = b + 125_000;
+        // A congested queue at 92 % of the share: held back.
+        let b = b + 5_750_000;
         assert_eq!(
             e.update(s(3), usage(b, true), Some(50_000_000), 800_000_000, 1_000),
             800_000_000
         );
+        // A congested queue at 83 % of the share: bursts of a flow the share does not hold
+        // back; the demand stays the use plus headroom.
+        let b = b + 1_250_000;
+        assert_eq!(
+            e.update(s(4), usage(b, true), Some(12_000_000), 800_000_000, 1_000),
+            12_000_000
+        );
+        let s = |n: u64| s(n + 1);
         // Idle: the floor, at once.
         let idle = |e: &mut Estimator, t| {
             e.update(t, usage(b, false), Some(50_000_000), 1_000_000_000, 1_000)

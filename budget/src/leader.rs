@@ -1,6 +1,8 @@
-//! The elected node: keeps every node's demand in memory (one read, then a watch), and every
-//! share period computes the water level of each budget whose demands changed and publishes
-//! it.
+//! The elected node: keeps every node's demand in memory (one read, then a watch), and
+//! computes and publishes the water level of each budget whose demands changed: at most once
+//! per share period, and [`DEBOUNCE`] after a demand changed when the last computation is a
+//! period old, so that a node's report takes effect in about one round trip instead of
+//! waiting for the leader's next period.
 //!
 //! A new leader learns by reading the demand keys: they are in etcd, not in the old leader's
 //! memory, so its learning period is one range read, and it publishes in its first period.
@@ -16,7 +18,7 @@ use std::{
 };
 
 use etcd_client::{Compare, CompareOp, EventType, GetOptions, LeaderKey, Txn, TxnOp, WatchOptions};
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 use tracing::debug;
 
 use crate::{
@@ -28,6 +30,10 @@ use crate::{
     wire::{decode_demand, Keys, Published},
     ClusterConfig,
 };
+
+/// How long the leader waits after a demand changed before it computes: reports of nodes that
+/// saw the same change in the same moment go in one computation.
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
 
 /// Every node's demand per budget, as of revision `rev`.
 #[derive(Debug, Default)]
@@ -140,7 +146,20 @@ pub(crate) async fn lead(
     let mut tick = tokio::time::interval(cfg.share_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let guard = Compare::create_revision(won.key().to_vec(), CompareOp::Equal, won.rev());
+    // The next computation (the first at once) and the last one.
+    let mut due = Some(Instant::now());
+    let mut last: Option<Instant> = None;
+    let schedule = |due: &mut Option<Instant>, last: Option<Instant>| {
+        let soonest = Instant::now() + DEBOUNCE;
+        due.get_or_insert(last.map_or(soonest, |l| soonest.max(l + cfg.share_period)));
+    };
     loop {
+        let compute = async {
+            match due {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             msg = stream.message() => {
                 let msg = msg?.ok_or_else(|| BudgetError::Protocol("demand watch ended".into()))?;
@@ -154,8 +173,24 @@ pub(crate) async fn lead(
                         dirty.insert(b);
                     }
                 }
+                if !dirty.is_empty() {
+                    schedule(&mut due, last);
+                }
             }
+            // Budgets configured, removed or changed since the last computation.
             _ = tick.tick() => {
+                let c = lock(core);
+                let stale = c.budgets.iter().any(|b| {
+                    published.get(&b.key).is_none_or(|p| p.budget != b.rate)
+                }) || published.keys().any(|k| !c.budgets.iter().any(|b| b.key == *k));
+                drop(c);
+                if stale {
+                    schedule(&mut due, last);
+                }
+            }
+            _ = compute => {
+                due = None;
+                last = Some(Instant::now());
                 let budgets = lock(core).budgets.clone();
                 let started = Instant::now();
                 let mut ops = Vec::new();
