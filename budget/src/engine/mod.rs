@@ -87,8 +87,50 @@ pub(crate) struct PerBudget {
     pub ceiling: u64,
     /// The demand etcd has for this node under its current lease.
     pub reported: Option<u64>,
-    /// The share applied during the current period.
-    pub applied: Option<u64>,
+    /// The shares applied since the last reading.
+    pub applied: Applied,
+}
+
+/// The shares applied over a period, by time: the limit a reading's use is judged against.
+/// A share that changed just before the reading (a level published late in the period) did
+/// not hold the traffic of the period back, the one before it did.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    /// The share in force and since when (accounted up to then).
+    current: Option<(u64, Instant)>,
+    /// ∫ share dt and the time covered, since the last reading.
+    area: f64,
+    covered: f64,
+}
+
+impl Applied {
+    fn account(&mut self, now: Instant) {
+        if let Some((s, t)) = self.current {
+            let dt = now.saturating_duration_since(t).as_secs_f64();
+            self.area += s as f64 * dt;
+            self.covered += dt;
+            self.current = Some((s, now));
+        }
+    }
+
+    /// `share` is in force from `now`.
+    pub fn set(&mut self, now: Instant, share: u64) {
+        self.account(now);
+        self.current = Some((share, now));
+    }
+
+    /// The mean share since the last call (`None` before any share was applied).
+    pub fn take_mean(&mut self, now: Instant) -> Option<u64> {
+        self.account(now);
+        let mean = if self.covered > 0.0 {
+            Some((self.area / self.covered) as u64)
+        } else {
+            self.current.map(|(s, _)| s)
+        };
+        self.area = 0.0;
+        self.covered = 0.0;
+        mean
+    }
 }
 
 #[derive(Debug)]
@@ -324,7 +366,16 @@ impl Engine {
             let floor = (b.rate / (20 * u64::from(nodes))).max(MIN_RATE);
             if let Some(u) = usage.get(i) {
                 p.ceiling = u.ceiling.map_or(b.rate, |c| c.min(b.rate));
-                p.demand = p.estimator.update(now, *u, p.applied, p.ceiling, floor);
+                let cap = p.applied.take_mean(now);
+                p.demand = p.estimator.update(now, *u, cap, p.ceiling, floor);
+                tracing::debug!(
+                    budget = %b.key,
+                    use_bps = p.estimator.rate,
+                    share = ?cap,
+                    congested = u.congested,
+                    demand = p.demand,
+                    "cluster budget: period"
+                );
             } else if p.ceiling == 0 {
                 // Not sampled yet: as a first reading (see `Estimator::update`).
                 p.ceiling = b.rate;
@@ -333,7 +384,7 @@ impl Engine {
             let (share, _) =
                 p.share
                     .derive(now, c.contact, b.rate, p.demand, self.cfg.fallback_nodes);
-            p.applied = Some(share);
+            p.applied.set(now, share);
             caps.insert(b.key.clone(), share);
         }
         let status = Status {
@@ -366,5 +417,27 @@ impl Engine {
         drop(guard);
         self.status.send_replace(status);
         caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reading_is_judged_against_the_shares_of_its_period_by_time() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut a = Applied::default();
+        assert_eq!(a.take_mean(t0), None);
+        a.set(t0, 2_000_000);
+        // A level published 100 ms before the reading: the period was mostly at 2M.
+        a.set(ms(900), 20_000_000);
+        assert_eq!(a.take_mean(ms(1000)), Some(3_800_000));
+        // Unchanged through the next period.
+        assert_eq!(a.take_mean(ms(2000)), Some(20_000_000));
+        // Re-derived without a change: the same.
+        a.set(ms(2500), 20_000_000);
+        assert_eq!(a.take_mean(ms(3000)), Some(20_000_000));
     }
 }
