@@ -133,9 +133,12 @@ impl Exporter {
         }
     }
 
-    /// Exports the cluster budget's families from the engine's status.
-    pub fn set_budget(&mut self, status: tokio::sync::watch::Receiver<aliasnet_budget::Status>) {
-        self.budget = Some(status);
+    /// Exports the cluster budget's families from the engine's status (`None`: no engine).
+    pub fn set_budget(
+        &mut self,
+        status: Option<tokio::sync::watch::Receiver<aliasnet_budget::Status>>,
+    ) {
+        self.budget = status;
     }
 
     /// Opens the pins under `root` (as left by `aliasnet-shaperd`).
