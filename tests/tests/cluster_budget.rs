@@ -311,16 +311,19 @@ fn six_nodes_share_one_download_budget_through_etcd() {
     .expect("fabric");
     let mut etcd = EtcdCluster::start(&f.vnet, EtcdOpts::default()).expect("etcd");
     let prefix = format!("/aliasnet-{}", f.tag);
+    // Each daemon answers once it has installed the datapath (the verifier's seconds of CPU on
+    // a loaded machine, under the pin root's lock that an ADD waits for) and handles SIGHUP.
+    for n in &f.nodes {
+        wait_metrics(&n.ns.path(), SHAPERD_METRICS);
+    }
     let pods: Vec<Pod> = f
         .nodes
         .iter()
         .map(|n| n.add_pod_in("dl", "team", None).expect("ADD"))
         .collect();
-    // The budget arrives as a policy reload: every node starts its engine (once its daemon
-    // handles SIGHUP: it does before its metrics endpoint answers).
+    // The budget arrives as a policy reload: every node starts its engine.
     let with_budget = policy(Some(&etcd), &prefix, "");
     for n in &f.nodes {
-        wait_metrics(&n.ns.path(), SHAPERD_METRICS);
         set_policy(n, &with_budget);
     }
     wait_views(
