@@ -13,6 +13,9 @@ pkgs=(
   shellcheck inotify-tools strace python3-venv iptables                                      # tests/runtimes: install.sh checks
   mmdebstrap python3-yaml                       # tests/runtimes/image.sh: the image's base without a registry, the manifests
   python3-grpcio                                # tests/runtimes/cri_client.py: a minimal CRI client (Debian 12 has no crictl)
+  etcd-server etcd-client                       # cluster budgets: a real 3-member etcd in the tests, etcdctl to inspect it
+  protobuf-compiler libprotobuf-dev             # etcd-client's build compiles etcd's .proto files (and Google's well-known types)
+  faketime                                      # cluster budgets: a node whose wall clock steps
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -9,11 +9,13 @@
 //! sudo nice -n -10 target/release/aliasnet-bench shaping --reps 3 --secs 10 --out shaping-bench.md
 //! target/release/aliasnet-bench metrics --pods 250,1000 --runs 3 --scrapes 21
 //! target/release/aliasnet-bench attach-cost --pods 100
+//! target/release/aliasnet-bench budget --reporters 10,100,1000 --secs 30
 //! ```
 //!
 //! `podctl` is a development tool next to them: attach, detach and show a pod by hand.
 
 mod attach_cost;
+mod budget;
 mod cni;
 mod ipam;
 mod metrics;
@@ -43,6 +45,9 @@ enum Section {
     Metrics(metrics::Args),
     /// Per-pod attach/detach cost (cls_bpf) and one TCX link, in a private node.
     AttachCost(attach_cost::Args),
+    /// Cluster budget: etcd writes, watch events, etcd and leader CPU, share computation
+    /// time with N reporting nodes on a real 3-member etcd.
+    Budget(budget::Args),
     /// Development tool: attach, detach or show a pod by hand (run it in the node's netns).
     Podctl(podctl::Args),
 }
@@ -55,5 +60,6 @@ fn main() -> Result<()> {
         Section::Metrics(a) => metrics::run(a),
         Section::AttachCost(a) => attach_cost::run(a),
         Section::Podctl(a) => podctl::run(a),
+        Section::Budget(a) => budget::run(a),
     }
 }

@@ -1,11 +1,12 @@
 //! aliasnetctl: the operator's view of one aliasnet node.
 //!
 //! Reads aliasnet-ipamd over its socket, aliasnet-shaperd's pinned eBPF maps directly (so
-//! `pods` and `top` work while shaperd restarts), both daemons' `/metrics` endpoints, and the
-//! kernel over netlink. Run it on the node (or in the node's network namespace) as root.
+//! `pods` and `top` work while shaperd restarts), both daemons' `/metrics` endpoints, the
+//! kernel over netlink, and (`budget`) the cluster budget's etcd. Run it on the node (or in the node's network namespace) as root.
 
 #![deny(clippy::print_stdout)]
 
+mod budget;
 mod classes;
 mod daemons;
 mod doctor;
@@ -73,7 +74,7 @@ impl Global {
     name = "aliasnetctl",
     version,
     about = "Inspect and troubleshoot aliasnet on this node",
-    after_help = "Examples:\n  aliasnetctl status\n  aliasnetctl pods --namespace team-a\n  aliasnetctl top --sort internet\n  aliasnetctl doctor\n  aliasnetctl ipam --json | jq '.pools'\n\nExit codes: 0 fine, 1 a problem was found or a daemon is down, 2 usage error."
+    after_help = "Examples:\n  aliasnetctl status\n  aliasnetctl pods --namespace team-a\n  aliasnetctl top --sort internet\n  aliasnetctl doctor\n  aliasnetctl budget\n  aliasnetctl ipam --json | jq '.pools'\n\nExit codes: 0 fine, 1 a problem was found or a daemon is down, 2 usage error."
 )]
 struct Cli {
     #[command(flatten)]
@@ -151,6 +152,19 @@ enum Command {
         #[arg(long)]
         no_leases: bool,
     },
+    /// Cluster budgets: the leader's level, totals and nodes (from etcd), and this node's
+    /// demand, share, use and mode (from aliasnet-shaperd).
+    #[command(
+        after_help = "Examples:\n  aliasnetctl budget\n  aliasnetctl budget --config /etc/aliasnet/shaper.toml --node ip-10-0-0-1\n  aliasnetctl budget --json | jq '.budgets[] | {budget, level_bps, node}'\n\nReads [cluster] of the node policy for etcd's endpoints and client certificates. Exits 1 when etcd cannot be read or no leader is elected."
+    )]
+    Budget {
+        /// The node policy with [cluster] (aliasnet-shaperd's --config).
+        #[arg(long, default_value = "/etc/aliasnet/shaper.toml", value_name = "PATH")]
+        config: PathBuf,
+        /// This node's name in the budget (default: NODE_NAME, else the host name).
+        #[arg(long)]
+        node: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -199,6 +213,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                     limit,
                 },
             )
+        }
+        Command::Budget { config, node } => {
+            budget::run(g, &config, &aliasnet_budget::wire::node_name(node))
         }
         Command::Doctor { veth_prefix, grace } => doctor::run(
             g,

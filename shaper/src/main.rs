@@ -4,9 +4,12 @@
 //! shaping and counters through the pins, and the next start reuses them.
 //!
 //! It also serves Prometheus metrics (`--metrics-address`, see `aliasnet_shaper::metrics`),
-//! rendered from the pinned maps at each scrape.
+//! rendered from the pinned maps at each scrape, and with a `[cluster]` in the policy runs the
+//! cluster budget's share engine (`aliasnet_shaper::cluster`), whose shares cap the policy's
+//! node and namespace limits.
 
 use std::{
+    collections::BTreeMap,
     io::IsTerminal,
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -14,15 +17,17 @@ use std::{
     time::Duration,
 };
 
+use aliasnet_budget::BudgetKey;
 use aliasnet_ebpf::{shadow::shadowed_class_prefixes, Datapath, DEFAULT_PIN_ROOT};
 use aliasnet_shaper::{
+    cluster::{self, ClusterBudget},
     metrics::{Aggregation, Exporter, ExporterOptions},
     Policy, DEFAULT_POLICY_PATH,
 };
 use anyhow::{Context, Result};
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Default `--metrics-address`: loopback only; a DaemonSet scraped from the cluster sets
 /// the node address (or 0.0.0.0) explicitly.
@@ -79,6 +84,9 @@ struct Args {
     /// Kubernetes namespace (drops the pod label; for very large clusters).
     #[arg(long, default_value_t = Aggregation::Pod)]
     aggregate: Aggregation,
+    /// This node's name in the cluster budget (default: $NODE_NAME, else the host name).
+    #[arg(long)]
+    node_name: Option<String>,
 }
 
 /// The policy file's contents: `None` if it does not exist (then defaults apply).
@@ -122,15 +130,43 @@ struct Daemon {
     seen: Option<Option<String>>,
     /// The pods epoch the aggregates were last reconciled at.
     pods_epoch: Option<u64>,
+    /// The policy in force, as parsed: without the cluster shares.
+    policy: Policy,
+    /// The cluster budget engine's last shares.
+    shares: BTreeMap<BudgetKey, u64>,
 }
 
 impl Daemon {
-    /// Reads the policy and applies it if it changed since last time (or `force`). An invalid
-    /// or unappliable policy is logged and the applied one stays.
-    fn reload(&mut self, force: bool) -> Result<()> {
+    /// Applies the policy with each cluster budget's share (the static split where the engine
+    /// has none) as the node's or namespace's limit.
+    fn apply(&mut self) -> Result<aliasnet_ebpf::PolicyReport> {
+        let shares = cluster::shares_for(&self.policy.budgets, &self.shares);
+        let capped = cluster::capped(&self.policy.datapath, &shares);
+        let report = self.dp.apply_policy(&capped).context("apply policy")?;
+        for e in &report.pod_errors {
+            warn!("pod not updated to the new policy: {e}");
+        }
+        self.pods_epoch = None;
+        Ok(report)
+    }
+
+    /// The engine's new shares.
+    fn set_shares(&mut self, shares: BTreeMap<BudgetKey, u64>) -> Result<()> {
+        if shares == self.shares {
+            return Ok(());
+        }
+        self.shares = shares;
+        let report = self.apply()?;
+        debug!(shares = ?self.shares, epoch = report.epoch, "cluster budget: shares applied");
+        Ok(())
+    }
+
+    /// Reads the policy and applies it if it changed since last time (or `force`); whether it
+    /// applied a policy. An invalid or unappliable policy is logged and the applied one stays.
+    fn reload(&mut self, force: bool) -> Result<bool> {
         let text = read_policy_text(&self.args.config)?;
         if !force && self.seen.as_ref() == Some(&text) {
-            return Ok(());
+            return Ok(false);
         }
         self.seen = Some(text.clone());
         if text.is_none() {
@@ -138,7 +174,14 @@ impl Daemon {
         }
         let policy = parse_policy(&self.args.config, text.as_deref())?;
         warn_shadowed(&self.args.config, &policy);
-        let report = self.dp.apply_policy(&policy).context("apply policy")?;
+        let previous = std::mem::replace(&mut self.policy, policy);
+        let report = match self.apply() {
+            Ok(r) => r,
+            Err(e) => {
+                self.policy = previous;
+                return Err(e);
+            }
+        };
         info!(
             epoch = report.epoch,
             prefixes = report.prefixes,
@@ -147,13 +190,10 @@ impl Daemon {
             uplink = ?report.uplink,
             pods_updated = report.pods_updated,
             aggregates = report.aggregates.namespaces,
+            cluster_budgets = self.policy.budgets.budgets.len(),
             "policy applied"
         );
-        for e in &report.pod_errors {
-            warn!("pod not updated to the new policy: {e}");
-        }
-        self.pods_epoch = None;
-        Ok(())
+        Ok(true)
     }
 
     /// Reconciles the aggregates when pods were attached or detached since the last time.
@@ -190,6 +230,8 @@ fn main() -> Result<()> {
             classes = policy.classes.len(),
             namespaces = policy.datapath.namespaces.len(),
             shadowed,
+            cluster = policy.budgets.cluster.is_some(),
+            cluster_budgets = policy.budgets.budgets.len(),
             "policy {} is valid",
             args.config.display()
         );
@@ -212,6 +254,8 @@ fn main() -> Result<()> {
         dp,
         seen: None,
         pods_epoch: None,
+        policy: Policy::default(),
+        shares: BTreeMap::new(),
     };
     if let Err(e) = daemon.reload(true) {
         // With a policy already applied (a restart), keep it and wait for a fixed file;
@@ -267,6 +311,31 @@ async fn metrics_server(
     )))
 }
 
+/// Brings the cluster budget's engine in line with the policy just applied and exports its
+/// state.
+async fn follow_policy(
+    cluster: &mut ClusterBudget,
+    daemon: &mut Daemon,
+    exporter: Option<&Arc<Mutex<Exporter>>>,
+) {
+    if cluster.must_stop(&daemon.policy.budgets) {
+        // Its last shares are the static split: in force until the next engine's.
+        let last = cluster.stop().await.unwrap_or_default();
+        if let Err(e) = daemon.set_shares(last) {
+            error!("cluster budget: {e:#}");
+        }
+    }
+    let p = &daemon.policy;
+    if let Err(e) = cluster.follow(&p.datapath, &p.budgets).await {
+        error!("cluster budget: {e}; the node keeps its current shares (the static split where it has none)");
+    }
+    if let Some(e) = exporter {
+        e.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_budget(cluster.status());
+    }
+}
+
 async fn run(mut daemon: Daemon) -> Result<()> {
     // Before the metrics endpoint answers (the readiness probe): a SIGHUP or SIGTERM that
     // arrives as soon as the daemon looks ready must be handled, not kill it.
@@ -284,6 +353,9 @@ async fn run(mut daemon: Daemon) -> Result<()> {
         }
     };
     tokio::pin!(server);
+    let node = aliasnet_budget::wire::node_name(daemon.args.node_name.clone());
+    let mut cluster = ClusterBudget::new(node, daemon.args.pin_root.clone());
+    follow_policy(&mut cluster, &mut daemon, exporter.as_ref()).await;
     let mut sample = tokio::time::interval(SAMPLE_INTERVAL);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The policy was read just before: the first poll is one period away (an interval's
@@ -303,13 +375,21 @@ async fn run(mut daemon: Daemon) -> Result<()> {
         tokio::select! {
             _ = hup.recv() => {
                 info!("SIGHUP: reloading policy");
-                if let Err(e) = daemon.reload(true) {
-                    error!("{e:#}; the previous policy stays applied");
+                match daemon.reload(true) {
+                    Ok(_) => follow_policy(&mut cluster, &mut daemon, exporter.as_ref()).await,
+                    Err(e) => error!("{e:#}; the previous policy stays applied"),
                 }
             }
             _ = poll.tick() => {
-                if let Err(e) = daemon.reload(false) {
-                    error!("{e:#}; the previous policy stays applied");
+                match daemon.reload(false) {
+                    Ok(true) => follow_policy(&mut cluster, &mut daemon, exporter.as_ref()).await,
+                    Ok(false) => {}
+                    Err(e) => error!("{e:#}; the previous policy stays applied"),
+                }
+            }
+            shares = cluster.shares() => {
+                if let Err(e) = daemon.set_shares(shares) {
+                    error!("cluster budget: {e:#}; the previous shares stay applied");
                 }
             }
             _ = pods.tick() => {
@@ -337,6 +417,13 @@ async fn run(mut daemon: Daemon) -> Result<()> {
             _ = &mut server => {}
             _ = term.recv() => break,
             _ = int.recv() => break,
+        }
+    }
+    // The engine frees this node's demands at once and leaves the static split applied: a
+    // share the leader is about to give to other nodes must not stay here.
+    if let Some(shares) = cluster.stop().await {
+        if let Err(e) = daemon.set_shares(shares) {
+            error!("cluster budget: applying the static split on exit: {e:#}");
         }
     }
     info!(

@@ -19,6 +19,9 @@
 //! namespace_ingress_rate = "500M"
 //! ```
 //!
+//! Cluster budgets (`cluster_ingress_rate`, `cluster_egress_rate` in the same tables, and
+//! `[cluster]`) are parsed by [`aliasnet_budget::BudgetPolicy`] into [`Policy::budgets`].
+//!
 //! The keys of the first release stay as aliases: `pod_internet_egress_rate` is
 //! `[internet] pod_egress_rate`, `node_internet_egress_cap` is `[internet] node_egress_rate`,
 //! `[namespaces.<ns>] internet_egress_rate` is `[namespaces.<ns>.internet] pod_egress_rate`;
@@ -30,6 +33,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use aliasnet_budget::BudgetPolicy;
 use aliasnet_ebpf::{
     abi::{self, Direction},
     limits::{check_rate, parse_quantity},
@@ -56,29 +60,6 @@ pub const CLOUD_METADATA: [IpAddr; 4] = [
 /// Class names the counters and metrics use for traffic that is in no named class.
 const RESERVED_CLASSES: [&str; 4] = [INTERNET, "internal", "blocked", "other"];
 
-/// An IPv4 or IPv6 prefix with no host bits set; the messages name what is wrong with it.
-fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    let (a, l) = s
-        .split_once('/')
-        .ok_or_else(|| format!("{s:?} is not a CIDR like 10.0.0.0/8 or fd00::/8"))?;
-    let addr: IpAddr = a
-        .parse()
-        .map_err(|_| format!("{s:?}: {a:?} is not an IPv4 or IPv6 address"))?;
-    let len: u8 = l
-        .parse()
-        .map_err(|_| format!("{s:?}: {l:?} is not a prefix length"))?;
-    let max = if addr.is_ipv4() { 32 } else { 128 };
-    let net =
-        IpNet::new(addr, len).map_err(|_| format!("{s:?}: prefix length {len} is above {max}"))?;
-    if net.network() != addr {
-        return Err(format!(
-            "{s:?}: {addr}/{len} has host bits set (did you mean {}?)",
-            net.trunc()
-        ));
-    }
-    Ok(net)
-}
-
 /// The validated node policy: the file's CIDR lists as written, and what the datapath
 /// applies ([`NodePolicy`]: prefixes with where they put an address, the limits).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +72,9 @@ pub struct Policy {
     pub classes: BTreeMap<String, Vec<IpNet>>,
     /// Limits, uplink and every prefix with where it puts an address.
     pub datapath: NodePolicy,
+    /// `[cluster]` and the cluster budgets: shares of them cap `datapath`'s node and
+    /// namespace limits while shaperd runs.
+    pub budgets: BudgetPolicy,
 }
 
 impl Default for Policy {
@@ -142,6 +126,11 @@ struct RawLimits {
     namespace_egress_rate: Option<RawRate>,
     node_ingress_rate: Option<RawRate>,
     node_egress_rate: Option<RawRate>,
+    // The cluster budget's keys: accepted here, read by `BudgetPolicy::from_toml`.
+    #[serde(rename = "cluster_ingress_rate")]
+    _cluster_ingress_rate: Option<toml::Value>,
+    #[serde(rename = "cluster_egress_rate")]
+    _cluster_egress_rate: Option<toml::Value>,
 }
 
 /// A named class: its prefixes and [`RawLimits`]' keys. Spelled out rather than flattened:
@@ -157,6 +146,10 @@ struct RawClass {
     namespace_egress_rate: Option<RawRate>,
     node_ingress_rate: Option<RawRate>,
     node_egress_rate: Option<RawRate>,
+    #[serde(rename = "cluster_ingress_rate")]
+    _cluster_ingress_rate: Option<toml::Value>,
+    #[serde(rename = "cluster_egress_rate")]
+    _cluster_egress_rate: Option<toml::Value>,
 }
 
 impl RawClass {
@@ -168,6 +161,7 @@ impl RawClass {
             namespace_egress_rate: self.namespace_egress_rate.clone(),
             node_ingress_rate: self.node_ingress_rate.clone(),
             node_egress_rate: self.node_egress_rate.clone(),
+            ..RawLimits::default()
         }
     }
 }
@@ -180,6 +174,10 @@ struct RawNsLimits {
     pod_egress_rate: Option<RawRate>,
     namespace_ingress_rate: Option<RawRate>,
     namespace_egress_rate: Option<RawRate>,
+    #[serde(rename = "cluster_ingress_rate")]
+    _cluster_ingress_rate: Option<toml::Value>,
+    #[serde(rename = "cluster_egress_rate")]
+    _cluster_egress_rate: Option<toml::Value>,
 }
 
 #[derive(Deserialize, Default)]
@@ -211,6 +209,9 @@ struct RawPolicy {
     classes: BTreeMap<String, RawClass>,
     #[serde(default)]
     namespaces: BTreeMap<String, RawNamespace>,
+    /// Read by `BudgetPolicy::from_toml`.
+    #[serde(rename = "cluster")]
+    _cluster: Option<toml::Table>,
 }
 
 fn default_true() -> bool {
@@ -226,13 +227,6 @@ fn rate(field: &str, raw: &RawRate) -> Result<Option<u64>, String> {
     };
     check_rate(field, Some(v)).map_err(|e| e.to_string())?;
     Ok(Some(v))
-}
-
-fn cidrs(field: &str, raw: &[String]) -> Result<Vec<IpNet>, String> {
-    raw.iter()
-        .enumerate()
-        .map(|(i, s)| parse_cidr(s.trim()).map_err(|e| format!("{field}[{i}]: {e}")))
-        .collect()
 }
 
 /// A Kubernetes namespace name, or a class name: an RFC 1123 label.
@@ -308,6 +302,7 @@ impl RawNsLimits {
             namespace_egress_rate: self.namespace_egress_rate.clone(),
             node_ingress_rate: None,
             node_egress_rate: None,
+            ..RawLimits::default()
         }
     }
 }
@@ -362,6 +357,7 @@ impl Policy {
             block_cloud_metadata,
             classes,
             datapath,
+            budgets: BudgetPolicy::default(),
         };
         p.datapath.classes = p.classes.keys().cloned().collect();
         p.datapath.prefixes = p.prefixes().into_iter().collect();
@@ -512,7 +508,7 @@ impl Policy {
             node,
             uplink: raw.uplink,
         };
-        let policy = Self::new(
+        let mut policy = Self::new(
             cidrs("internal_cidrs", &raw.internal_cidrs)?,
             cidrs("blocked_cidrs", &raw.blocked_cidrs)?,
             raw.block_cloud_metadata,
@@ -520,6 +516,8 @@ impl Policy {
             datapath,
         );
         policy.check_prefixes()?;
+        let doc: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+        policy.budgets = BudgetPolicy::from_toml(&doc).map_err(|e| e.to_string())?;
         Ok(policy)
     }
 
@@ -593,6 +591,9 @@ impl Policy {
             .map(|(_, d)| d)
     }
 }
+
+mod cidr;
+use cidr::cidrs;
 
 #[cfg(test)]
 mod tests;

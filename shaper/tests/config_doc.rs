@@ -48,6 +48,15 @@ fn namespace_keys_are_the_parsers() {
     );
 }
 
+/// `[cluster]` (read by the cluster budget's parser, which refuses an unknown key in serde's
+/// words).
+#[test]
+fn cluster_keys_are_the_parsers() {
+    let parsed =
+        accepted_keys("[cluster]\netcd_endpoints = [\"http://10.0.0.5:2379\"]\nzz_not_a_key = 1\n");
+    assert_same_keys("[cluster]", &table_keys(PAGE, "cluster"), &parsed);
+}
+
 /// `[namespaces.<ns>.internet]` and `[namespaces.<ns>.classes.<class>]` take the same keys,
 /// the table documents both.
 #[test]
@@ -101,6 +110,7 @@ fn the_examples_parse_and_use_every_key() {
         ("internet", &[&["internet"][..]]),
         ("class", &[&["classes", "*"][..]]),
         ("namespace", &[&["namespaces", "*"][..]]),
+        ("cluster", &[&["cluster"][..]]),
         (
             "namespace-limits",
             &[

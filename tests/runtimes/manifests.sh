@@ -61,8 +61,10 @@ for (f, kind, name), d in docs.items():
         for src in (v.get("projected") or {}).get("sources", []):
             if "serviceAccountToken" in src:
                 err(f"{where}: volume {v['name']} projects a service account token")
-        if "secret" in v:
-            err(f"{where}: volume {v['name']} mounts a secret")
+        # One secret only: the cluster budget's etcd client certificate, optional.
+        sec = v.get("secret")
+        if sec is not None and (v["name"], sec.get("secretName"), sec.get("optional")) != ("etcd-client", "aliasnet-etcd", True):
+            err(f"{where}: volume {v['name']} mounts a secret other than the optional aliasnet-etcd")
     host = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
     if not spec.get("hostNetwork"):
         err(f"{where}: hostNetwork must be true")
@@ -92,6 +94,8 @@ for (f, kind, name), d in docs.items():
         for m in c.get("volumeMounts", []):
             if m["mountPath"].startswith("/var/run/secrets"):
                 err(f"{cw}: mounts {m['mountPath']}")
+            if m["name"] == "etcd-client" and (c["name"] != "shaperd" or not m.get("readOnly")):
+                err(f"{cw}: the etcd client certificate is shaperd's alone, read-only")
     if name == "aliasnet-node":
         need = {"/opt/cni/bin", "/etc/cni/net.d", "/etc/aliasnet", "/var/lib/aliasnet",
                 "/run/aliasnet", "/sys/fs/bpf"}
@@ -132,8 +136,11 @@ test_agents_link_no_kubernetes_client() {
     crates=$(awk '{print $1}' <<<"$deps" | sort -u)
     bad=$(grep -Ex 'kube|kube-[a-z-]+|k8s-openapi|k8s-cri|kubernetes|tower-http' <<<"$crates" || true)
     [[ -z $bad ]] || fail "$pkg depends on a Kubernetes client: $bad"
-    # ipamd's hyper client (IMDS) and shaperd's hyper server (/metrics) are the only HTTP code.
-    bad=$(grep -Ex 'reqwest|ureq|isahc|attohttpc|curl|tonic' <<<"$crates" || true)
+    # ipamd's hyper client (IMDS) and shaperd's hyper server (/metrics) are the only HTTP code,
+    # besides shaperd's etcd client (tonic over hyper; destinations: [cluster] etcd_endpoints).
+    local grpc='|tonic'
+    [[ $pkg == aliasnet-shaper ]] && grpc=''
+    bad=$(grep -Ex "reqwest|ureq|isahc|attohttpc|curl$grpc" <<<"$crates" || true)
     [[ -z $bad ]] || fail "$pkg depends on an HTTP client beyond hyper's: $bad"
     if [[ $pkg == aliasnet-cni ]] && grep -qx 'hyper\|hyper-util' <<<"$crates"; then
       fail "the CNI plugin links hyper"

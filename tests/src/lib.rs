@@ -12,6 +12,8 @@
 //! - [`mountns`]: a private mount namespace for tiny tmpfs and bpffs mounts.
 //! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;
 //!   [`traffic`]: iperf3 and ping; [`ctl`]: aliasnetctl; [`metrics`]: `/metrics`, promtool and Prometheus.
+//! - [`etcd`]: a real 3-member etcd in its own namespace behind the VNet router; [`budget`]:
+//!   simulated nodes running the cluster budget's engine against it.
 //!
 //! Every link of a node's uplink has [`test_mtu`] (9000 unless `ALIASNET_TEST_MTU` says
 //! otherwise). Namespace names carry the process id and a counter ([`unique_tag`]), so
@@ -35,9 +37,11 @@
 //! caller wants to assert on failure.
 
 pub mod bpffs;
+pub mod budget;
 pub mod cni;
 pub mod ctl;
 pub mod datapath;
+pub mod etcd;
 pub mod fabric;
 pub mod ipamd;
 pub mod metrics;

@@ -35,9 +35,12 @@ pub struct Shaperd {
 
 impl Shaperd {
     /// `nsenter --net=NS aliasnet-shaperd --config C --pin-root P ARGS` (nsenter keeps bpffs
-    /// visible), logging at info.
+    /// visible), logging at info. The node's name (in a cluster budget) is its namespace's.
     pub fn command(bin: &Path, ns: &Path, paths: &ShaperPaths, args: &[&str]) -> Command {
         let mut c = Command::new("nsenter");
+        if let Some(name) = ns.file_name() {
+            c.env("NODE_NAME", name);
+        }
         c.arg(format!("--net={}", ns.display()))
             .arg(bin)
             .arg("--config")
@@ -76,7 +79,9 @@ impl Shaperd {
         Ok(me)
     }
 
-    fn respawn(&mut self) -> Result<()> {
+    /// Starts the daemon again with the same arguments (after [`Self::kill`]: what the
+    /// kubelet does when a DaemonSet's container dies).
+    pub fn respawn(&mut self) -> Result<()> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)

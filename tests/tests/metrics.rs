@@ -1,7 +1,8 @@
 //! The metrics pipeline end to end: aliasnet-shaperd's and aliasnet-ipamd's `/metrics` on a
 //! fabric node, scraped by a real (Debian) Prometheus running in the node's netns, with
 //! traffic, leases and CNI operations of known size; the dashboard's and the rules' PromQL
-//! evaluated against it.
+//! evaluated against it. The node shares a cluster budget through a one-member etcd, so that
+//! the budget's families and dashboard row have data.
 //!
 //! Everything runs inside namespaces the fabric creates: Prometheus listens on the node
 //! netns' loopback, and this process talks to it from a thread that entered that netns.
@@ -12,6 +13,7 @@ use std::{
 };
 
 use aliasnet_tests::{
+    etcd::{EtcdCluster, EtcdOpts},
     fabric::{Fabric, FabricOpts, Pod, DEFAULT_POLICY, INTERNET_IP, INTERNET_IP2, MIRROR_IP},
     metrics::{
         assert_promtool_check, dashboard_exprs, dashboard_file, dashboard_variables,
@@ -76,6 +78,40 @@ timeout = "500ms"
     .expect("fabric");
     let node = f.node(1);
     let ns = node.ns.path();
+
+    // A cluster budget (on uploads to a class nothing here sends to), through a one-member
+    // etcd: a policy reload starts the share engine; the node leads.
+    let etcd = EtcdCluster::start(
+        &f.vnet,
+        EtcdOpts {
+            members: 1,
+            ..EtcdOpts::default()
+        },
+    )
+    .expect("etcd");
+    wait_metrics(&ns, SHAPERD_METRICS);
+    let config = &node.shaper_paths.config;
+    let budget = format!(
+        "{}[classes.budgeted]\ncidrs = [\"192.0.2.0/24\"]\ncluster_egress_rate = \"10G\"\n[cluster]\netcd_endpoints = {:?}\nshare_period = \"1s\"\nlease_ttl = \"3s\"\n",
+        std::fs::read_to_string(config).expect("policy"),
+        etcd.endpoints()
+    );
+    std::fs::write(config, budget).expect("write policy");
+    node.shaperd
+        .as_ref()
+        .expect("shaperd")
+        .signal(nix::sys::signal::Signal::SIGHUP)
+        .expect("SIGHUP");
+    let start = Instant::now();
+    while !wait_metrics(&ns, SHAPERD_METRICS)
+        .contains("aliasnet_budget_cluster_level_bytes_per_second{")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the node never led its cluster budget"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // Both endpoints are valid expositions for promtool (exit 0, no lint findings).
     for addr in [IPAMD_METRICS, SHAPERD_METRICS] {
@@ -426,6 +462,8 @@ fn monitoring_files_pass_promtool_and_are_well_formed() {
         "Namespace download budget",
         "Namespace limit usage",
         "Internet cost by namespace and class",
+        "Cluster budget: use of all nodes vs budget",
+        "Cluster budget: the leader's view",
     ];
     let titles: Vec<&str> = dash["panels"]
         .as_array()

@@ -38,6 +38,7 @@
 //!
 //! The HTTP endpoint is `aliasnet_serve::metrics` (shared with ipamd).
 
+pub mod budget;
 mod ledger;
 mod render;
 mod snapshot;
@@ -118,6 +119,8 @@ pub struct Exporter {
     dp: Datapath,
     opts: ExporterOptions,
     ledger: Ledger,
+    /// The cluster budget engine's state, when it runs ([`budget`]'s families).
+    budget: Option<tokio::sync::watch::Receiver<aliasnet_budget::Status>>,
 }
 
 impl Exporter {
@@ -126,7 +129,16 @@ impl Exporter {
             dp,
             opts,
             ledger: Ledger::default(),
+            budget: None,
         }
+    }
+
+    /// Exports the cluster budget's families from the engine's status (`None`: no engine).
+    pub fn set_budget(
+        &mut self,
+        status: Option<tokio::sync::watch::Receiver<aliasnet_budget::Status>>,
+    ) {
+        self.budget = status;
     }
 
     /// Opens the pins under `root` (as left by `aliasnet-shaperd`).
@@ -149,6 +161,23 @@ impl Exporter {
     pub fn render(&mut self) -> Result<String, DatapathError> {
         let snap = Snapshot::read(&self.dp, false)?;
         let drops = self.ledger.observe(&snap);
-        Ok(render::render(&snap, &drops, &self.ledger, &self.opts))
+        let budget = self
+            .budget
+            .as_ref()
+            .map(|s| budget::BudgetFamilies(s.borrow().clone()));
+        Ok(render::render(
+            &snap,
+            &drops,
+            &self.ledger,
+            &self.opts,
+            budget,
+        ))
     }
+}
+
+/// Fails unless `promtool check metrics` accepts `text` (the Prometheus server's own linter).
+#[cfg(test)]
+pub(crate) fn promtool_check(text: &str) {
+    let (code, out) = aliasnet_tests::metrics::promtool_check_metrics(text);
+    assert_eq!(code, 0, "promtool check metrics: {out}\n{text}");
 }

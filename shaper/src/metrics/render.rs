@@ -254,6 +254,7 @@ pub(super) fn render(
     drops: &[[u64; abi::NR_DIRS]],
     ledger: &Ledger,
     opts: &ExporterOptions,
+    budget: Option<super::budget::BudgetFamilies>,
 ) -> String {
     // Pods sharing namespace and name (two interfaces, or a sandbox replaced before its old
     // attachment was removed) are summed: duplicate label sets would make the scrape invalid.
@@ -312,6 +313,9 @@ pub(super) fn render(
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(fam));
+    if let Some(b) = budget {
+        registry.register_collector(Box::new(b));
+    }
     let mut out = String::with_capacity(4096 + snap.pods.len() * 2560);
     // Writing into a String cannot fail.
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)

@@ -292,3 +292,96 @@ fn load_names_the_file() {
         .to_string();
     assert!(e.contains("missing.toml"), "{e}");
 }
+
+#[test]
+fn cluster_budgets_in_every_class_table() {
+    use aliasnet_budget::{BudgetKey, Direction as D};
+    let p = Policy::parse(
+        r#"
+        [cluster]
+        etcd_endpoints = ["http://10.0.0.5:2379"]
+        share_period = "1s"
+        [internet]
+        node_ingress_rate = "10G"
+        cluster_ingress_rate = "400G"
+        [classes.mirrors]
+        cidrs = ["203.0.113.0/24"]
+        cluster_ingress_rate = "40G"
+        cluster_egress_rate = "1G"
+        [namespaces.research.internet]
+        cluster_egress_rate = "2G"
+        [namespaces.research.classes.mirrors]
+        namespace_ingress_rate = "1G"
+        cluster_ingress_rate = "10G"
+        "#,
+    )
+    .unwrap();
+    let cluster = p.budgets.cluster.as_ref().expect("[cluster]");
+    assert_eq!(cluster.share_period, std::time::Duration::from_secs(1));
+    let got: Vec<(BudgetKey, u64)> = p
+        .budgets
+        .budgets
+        .iter()
+        .map(|b| (b.key.clone(), b.rate))
+        .collect();
+    let k = |ns, c, d| BudgetKey::new(ns, c, d);
+    assert_eq!(
+        got,
+        vec![
+            (k(None, "internet", D::Ingress), 400_000_000_000),
+            (k(None, "mirrors", D::Ingress), 40_000_000_000),
+            (k(None, "mirrors", D::Egress), 1_000_000_000),
+            (k(Some("research"), "internet", D::Egress), 2_000_000_000),
+            (k(Some("research"), "mirrors", D::Ingress), 10_000_000_000),
+        ]
+    );
+    // The node policy is the one without the budgets: shares cap it while shaperd runs.
+    assert_eq!(p.datapath.node.get(IN, "mirrors"), None);
+    assert_eq!(
+        p.datapath
+            .limits_for("research")
+            .namespace
+            .get(IN, "mirrors"),
+        Some(1_000_000_000)
+    );
+    assert_eq!(Policy::parse("").unwrap().budgets.cluster, None);
+}
+
+#[test]
+fn cluster_keys_are_checked_naming_the_key() {
+    let cluster = "[cluster]\netcd_endpoints = [\"http://10.0.0.5:2379\"]\n";
+    let cases = [
+        (
+            "[classes.m]\ncidrs = []\ncluster_ingress_rate = \"1G\"".to_owned(),
+            "needs [cluster]",
+        ),
+        (
+            format!("{cluster}[internet]\ncluster_ingress_rate = \"fast\""),
+            "internet.cluster_ingress_rate",
+        ),
+        (
+            format!("{cluster}[namespaces.a.internet]\ncluster_egress_rate = 0"),
+            "namespaces.a.internet.cluster_egress_rate",
+        ),
+        (
+            format!("{cluster}share_period = \"1h\""),
+            "cluster.share_period",
+        ),
+        (
+            format!("{cluster}etcd_password = \"x\""),
+            "cluster.etcd_password: unknown key",
+        ),
+        (
+            "[cluster]\nshare_period = \"1s\"".to_owned(),
+            "cluster.etcd_endpoints",
+        ),
+        (
+            format!("{cluster}[internet]\ncluster_rate = \"1G\""),
+            "unknown field",
+        ),
+    ];
+    for (text, needle) in cases {
+        let e = Policy::parse(&text).expect_err(&text);
+        assert!(e.contains(needle), "{text:?}: error {e:?} lacks {needle:?}");
+    }
+}

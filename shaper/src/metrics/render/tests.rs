@@ -51,7 +51,7 @@ fn value(text: &str, series: &str) -> Option<u64> {
 
 fn scrape(ledger: &mut Ledger, snap: &Snapshot, opts: &ExporterOptions) -> String {
     let drops = ledger.observe(snap);
-    render(snap, &drops, ledger, opts)
+    render(snap, &drops, ledger, opts, None)
 }
 
 #[test]
