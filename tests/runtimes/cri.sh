@@ -70,7 +70,7 @@ cri_env() {
     -e "s|^state_dir = .*|state_dir = \"$S/state/ipam\"|" \
     -e "s|^spool_dir = .*|spool_dir = \"$S/state/spool\"|" \
     -e 's|^cooldown = .*|cooldown = "0"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
-  cp "$REPO/install/etc/shaper.toml" "$S/src/"
+  install_policy "$S/src"
   printf '[[pool]]\nname = "pods"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE" >"$S/etc/node-pools.toml"
   [[ $stack == dual ]] &&
     printf '\n[[pool]]\nname = "pods6"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE6" >>"$S/etc/node-pools.toml"
@@ -154,18 +154,6 @@ cri_teardown() {
   remove_cgroups "$CG"
 }
 
-# in_net TARGET CMD...: CMD in a pod's netns (TARGET is its path, a bind mount in containerd's
-# mount namespace) or in a netns of the fabric (TARGET is its name).
-in_net() {
-  local t=$1
-  shift
-  if [[ $t == /* ]]; then
-    mns nsenter --net="$t" -- "$@"
-  else
-    in_ns "$t" "$@"
-  fi
-}
-
 # run_pod NAME [ANNOTATION=VALUE...]: RunPodSandbox as the kubelet sends it; sets POD_ID[NAME],
 # POD_IP[NAME], POD_IP6[NAME] (the second family's address, empty for an IPv4-only pod),
 # POD_NS[NAME] (the netns path, from the verbose PodSandboxStatus).
@@ -190,11 +178,6 @@ run_pod() {
 
 # pod_mtu NAME: the MTU of the pod's eth0 (netlink: /sys shows the netns that mounted it).
 pod_mtu() { in_net "${POD_NS[$1]}" ip -o link show eth0 | sed -n 's/.* mtu \([0-9]*\) .*/\1/p'; }
-
-# tcp_counters TARGET: "OutSegs RetransSegs" of the netns's TCP stack.
-tcp_counters() {
-  in_net "$1" cat /proc/net/snmp | awk '$1 == "Tcp:" && $2 ~ /^[0-9]+$/ {print $12, $13}'
-}
 
 # iperf_cell N LABEL FROM TO DST LIMIT MODE: transfer number N, IPERF_SECS of TCP from FROM to
 # an iperf3 server in TO on DST; FROM and TO are in_net targets. MODE "limit": goodput must be

@@ -136,12 +136,40 @@ add_fabric_ipv6() {
   ip -n "$inet" -6 route add default via 2001:db8::1
 }
 
-# node_links NODE: links of the node netns other than lo and eth0 (pod host veths).
-node_links() { ip -n "$1" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -vx 'lo\|eth0' || true; }
-# node_pod_routes NODE: host routes to pods (scope link /32s and /128s via veths).
+# The internet host's second address (make_fabric gives it 203.0.113.10): a destination that a
+# policy can put in a named class of its own while the first stays plain internet.
+MIRROR_IP=203.0.113.20
+# add_mirror INET: MIRROR_IP on the internet host's link.
+add_mirror() { ip -n "$1" addr add "$MIRROR_IP/24" dev eth0; }
+
+# An internal host beyond the node's uplink, as another node's pod is: 10.99.0.10 (in the
+# policies' internal_cidrs 10.0.0.0/8), behind the router.
+PEER_IP=10.99.0.10
+# add_fabric_peer ROUTER PEER [MTU]: the netns PEER on a link of its own to the router, which
+# forwards between it and the node (the node's default route leads there).
+add_fabric_peer() {
+  local rtr=$1 peer=$2 mtu=${3:-${ALIASNET_TEST_MTU:-9000}}
+  new_netns "$peer"
+  ip -n "$rtr" link add to-peer mtu "$mtu" type veth peer name eth0 mtu "$mtu" netns "$peer"
+  ip -n "$rtr" addr add 10.99.0.1/24 dev to-peer
+  ip -n "$rtr" link set to-peer up
+  ip -n "$peer" addr add "$PEER_IP/24" dev eth0
+  ip -n "$peer" link set eth0 up
+  ip -n "$peer" route add default via 10.99.0.1
+}
+
+# node_links NODE: links of the node netns other than lo, eth0 and the datapath's aggregate
+# devices (a policy with namespace or node limits makes them; they stay with the datapath):
+# pod host veths.
+node_links() {
+  ip -n "$1" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' |
+    grep -vx 'lo\|eth0\|aliasnet-nsin\|aliasnet-nsout\|aliasnet-nodein' || true
+}
+# node_pod_routes NODE: host routes to pods (scope link /32s and /128s via veths; not the
+# link-local routes of the uplink and the aggregate devices).
 node_pod_routes() {
   ip -n "$1" route show | grep -v '^default\|^198\.51\.100\.0/24' || true
-  ip -n "$1" -6 route show | grep -v '^default\|^fd00:100::/64\|^fe80::/64 dev eth0\|^multicast' || true
+  ip -n "$1" -6 route show | grep -v '^default\|^fd00:100::/64\|^fe80::/64 dev \(eth0\|aliasnet-\)\|^multicast' || true
 }
 
 # ---- a private mount namespace for a runtime ----
@@ -222,6 +250,72 @@ start_datapath() {
     >"$dir/shaperd.log" 2>&1 || fail "aliasnet-shaperd --once: $(tail -n 5 "$dir/shaperd.log")"
 }
 
+# install_policy DIR: DIR/shaper.toml for install.sh: RT_POLICY (the policy's text) when the
+# test set it, else the shipped install/etc/shaper.toml.
+install_policy() {
+  if [[ -n ${RT_POLICY:-} ]]; then
+    printf '%s\n' "$RT_POLICY" >"$1/shaper.toml"
+  else
+    cp "$REPO/install/etc/shaper.toml" "$1/"
+  fi
+}
+
+# start_shaperd DIR: aliasnet-shaperd as the DaemonSet runs it, after start_datapath: in the
+# node's netns and the runtime's mount namespace, polling DIR/src/shaper.toml every second and
+# following the pods (it sets up the namespaces' and the node's aggregates as pods come and
+# go). Sets SHAPERD_PID; stop it with stop_shaperd (a deferred stop_pid is the backstop).
+start_shaperd() {
+  local dir=$1 i
+  SHAPERD_LOG=$dir/shaperd-daemon.log
+  in_node env RUST_LOG=info "$BIN_DIR/aliasnet-shaperd" --config "$dir/src/shaper.toml" --pin-root "$PIN_ROOT" \
+    --poll-interval 1 --metrics-address off >"$SHAPERD_LOG" 2>&1 &
+  SHAPERD_PID=$!
+  defer "stop_pid $SHAPERD_PID"
+  for ((i = 0; i < 200; i++)); do
+    grep -q 'running;' "$SHAPERD_LOG" && return 0
+    kill -0 "$SHAPERD_PID" 2>/dev/null || fail "aliasnet-shaperd exited: $(tail -n 5 "$SHAPERD_LOG")"
+    sleep 0.05
+  done
+  fail "aliasnet-shaperd did not start: $(tail -n 5 "$SHAPERD_LOG")"
+}
+
+# stop_shaperd: SIGTERM; the daemon must exit 0 (leaving the datapath in place).
+stop_shaperd() {
+  local rc=0
+  # The daemon, not the subshell that started it (whose status is the daemon's).
+  kill -TERM "$(shaperd_pid)"
+  wait "$SHAPERD_PID" || rc=$?
+  ((rc == 0)) || fail "aliasnet-shaperd exited with $rc on SIGTERM: $(tail -n 5 "$SHAPERD_LOG")"
+}
+
+# set_policy DIR TEXT: a new policy for the running shaperd (written atomically, then SIGHUP:
+# no waiting for the next poll).
+set_policy() {
+  printf '%s\n' "$2" >"$1/src/shaper.toml.new"
+  mv "$1/src/shaper.toml.new" "$1/src/shaper.toml"
+  kill -HUP "$(shaperd_pid)"
+}
+
+# shaperd_pid: the daemon's pid (start_shaperd's job is a subshell running it, or it).
+shaperd_pid() { pgrep -P "$SHAPERD_PID" || echo "$SHAPERD_PID"; }
+
+# status_json: `aliasnetctl status --json` (what the maps hold: classes, limits, aggregates).
+status_json() {
+  in_node "$BIN_DIR/aliasnetctl" status --pin-root "$PIN_ROOT" --socket "${SOCK:?}" --json
+}
+
+# wait_aggregate NAMESPACE PODS: until the datapath has NAMESPACE's aggregate with PODS pods
+# (shaperd reconciles within a few of its 250 ms looks after an ADD or a policy change).
+wait_aggregate() {
+  local i got
+  for ((i = 0; i < 100; i++)); do
+    got=$(status_json | jq --arg ns "$1" '[.datapath.config.namespace_limits[] | select(.namespace == $ns) | .pods][0] // 0')
+    [[ $got == "$2" ]] && return 0
+    sleep 0.1
+  done
+  fail "namespace '$1': no aggregate of $2 pods after 10 s (has $got): $(tail -n 5 "$SHAPERD_LOG")"
+}
+
 # pods_json: the node's attached pods as the operator sees them (`aliasnetctl pods --json`
 # reads the pinned maps).
 pods_json() {
@@ -243,6 +337,86 @@ assert_no_map_entries() {
   done
   l=$(attached_pods) || fail "aliasnetctl pods failed"
   [[ -z $l ]] || fail "leaked datapath attachments: $l"
+}
+
+# ---- downloads ----
+# in_net TARGET CMD...: CMD in a pod's netns (TARGET is its path, a bind mount in the runtime's
+# mount namespace) or in a netns of the fabric (TARGET is its name).
+in_net() {
+  local t=$1
+  shift
+  if [[ $t == /* ]]; then
+    mns nsenter --net="$t" -- "$@"
+  else
+    in_ns "$t" "$@"
+  fi
+}
+
+# tcp_counters TARGET: "OutSegs RetransSegs" of the netns's TCP stack.
+tcp_counters() {
+  in_net "$1" cat /proc/net/snmp | awk '$1 == "Tcp:" && $2 ~ /^[0-9]+$/ {print $12, $13}'
+}
+
+# downloads DIR SECS CELL...: TCP downloads, all at once, for SECS seconds. CELL is
+# "NAME|CLIENT|SENDER|ADDR|PACE": an iperf3 client in CLIENT receiving (-R) from a server of
+# its own in SENDER on ADDR (in_net targets), paced at PACE (iperf3 -b, e.g. 400M; empty: as
+# fast as the path takes it). Writes DIR/NAME.json (the receiver's report) and DIR/senders (each
+# sender's "TARGET OutSegs RetransSegs" over the run) for downloads.py.
+downloads() {
+  local dir=$1 secs=$2 cell name client sender addr pace port=5400 i
+  shift 2
+  mkdir -p "$dir"
+  local -a servers=() clients=() senders=() before=()
+  for cell in "$@"; do
+    IFS='|' read -r name client sender addr pace <<<"$cell"
+    port=$((port + 1))
+    in_net "$sender" timeout $((secs + 20)) iperf3 -s -1 -B "$addr" -p "$port" >"$dir/$name.server" 2>&1 &
+    servers+=($!)
+    for ((i = 0; i < 100; i++)); do
+      [[ -n $(in_net "$sender" ss -Hltn "sport = :$port") ]] && break
+      sleep 0.05
+    done
+    [[ " ${senders[*]} " == *" $sender "* ]] || senders+=("$sender")
+  done
+  for sender in "${senders[@]}"; do before+=("$(tcp_counters "$sender")"); done
+  port=5400
+  for cell in "$@"; do
+    IFS='|' read -r name client sender addr pace <<<"$cell"
+    port=$((port + 1))
+    # A transfer that stalls (its control connection too) ends 8 s after its time.
+    in_net "$client" timeout $((secs + 8)) iperf3 -c "$addr" -p "$port" -R -t "$secs" -J ${pace:+-b "$pace"} \
+      --connect-timeout 3000 >"$dir/$name.json" 2>"$dir/$name.err" &
+    clients+=($!)
+  done
+  for i in "${clients[@]}" "${servers[@]}"; do wait "$i" || true; done
+  : >"$dir/senders"
+  for i in "${!senders[@]}"; do
+    echo "${senders[i]} ${before[i]} $(tcp_counters "${senders[i]}")" >>"$dir/senders"
+  done
+}
+
+# assert_class_counters SECS: after SECS of downloads into pod "cls" from the class "mirrors"
+# (10M) and the rest of the internet (10M) and into "greedy" from the internal host
+# (INTERNAL_PACE), the datapath counted each in its class (bytes of 90 % of the rate at least).
+assert_class_counters() {
+  local secs=$1 got mirrors internet internal
+  pods_json >"$S/pods-after.json" || fail "aliasnetctl pods failed"
+  got=$(jq -r '(.[] | select(.pod == "cls") | .ingress | "\(.classes.mirrors.bytes) \(.internet.bytes)"),
+      (.[] | select(.pod == "greedy" or .pod == "lim") | .ingress.internal.bytes)' "$S/pods-after.json" | xargs)
+  read -r mirrors internet internal <<<"$got"
+  log "ingress bytes counted: cls mirrors $mirrors, internet (mirrors in it) $internet; internal beside the limited download $internal"
+  local want=$((secs * 10000000 * 9 / 80)) want_internal=$((secs * ${INTERNAL_PACE%M} * 1000000 * 9 / 80))
+  ((mirrors >= want && internet - mirrors >= want && internal >= want_internal)) ||
+    fail "downloads counted by class: want mirrors and the rest of the internet >= $want B each, internal >= $want_internal B"
+}
+
+# check_downloads DIR CHECK...: downloads.py's table of the bounds (see there); logs it, fails
+# the test naming what is out of bounds.
+check_downloads() {
+  local out rc=0
+  out=$(python3 "$RT_DIR/downloads.py" "$@") || rc=$?
+  while IFS= read -r l; do log "$l"; done <<<"$out"
+  ((rc == 0)) || fail "downloads out of bounds: $(grep -c FAIL <<<"$out") check(s) failed"
 }
 
 # ---- aliasnet-ipamd ----

@@ -40,7 +40,7 @@ podman_env() {
     -e "s|^state_dir = .*|state_dir = \"$S/state/ipam\"|" \
     -e "s|^spool_dir = .*|spool_dir = \"$S/state/spool\"|" \
     -e 's|^cooldown = .*|cooldown = "0"|' "$REPO/install/etc/ipamd.toml" >"$S/src/ipamd.toml"
-  cp "$REPO/install/etc/shaper.toml" "$S/src/"
+  install_policy "$S/src"
   printf '[[pool]]\nname = "pods"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE" >"$S/etc/node-pools.toml"
   [[ $stack == dual ]] &&
     printf '\n[[pool]]\nname = "pods6"\nsource = "static"\ncidrs = ["%s"]\n' "$POD_RANGE6" >>"$S/etc/node-pools.toml"
