@@ -20,7 +20,7 @@
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
-POD_RANGE=10.235.0.0/29
+POD_RANGE=10.235.0.0/28
 POD_RANGE6=fd00:235::/125
 SANDBOX_IMAGE=registry.k8s.io/pause:3.6
 # Debian's python3 (python3-grpcio), not whatever python3 comes first in PATH.
@@ -154,14 +154,18 @@ cri_teardown() {
   remove_cgroups "$CG"
 }
 
-# run_pod NAME [ANNOTATION=VALUE...]: RunPodSandbox as the kubelet sends it; sets POD_ID[NAME],
-# POD_IP[NAME], POD_IP6[NAME] (the second family's address, empty for an IPv4-only pod),
-# POD_NS[NAME] (the netns path, from the verbose PodSandboxStatus).
+# run_pod NAME [ANNOTATION=VALUE...]: RunPodSandbox as the kubelet sends it, for a pod of
+# Kubernetes namespace demo; sets POD_ID[NAME], POD_IP[NAME], POD_IP6[NAME] (the second family's
+# address, empty for an IPv4-only pod), POD_NS[NAME] (the netns path, from the verbose
+# PodSandboxStatus).
 declare -A POD_ID POD_IP POD_IP6 POD_NS
-run_pod() {
-  local name=$1 a id st
-  shift
-  local -a args=(--name "$name" --namespace demo --uid "uid-$name-$RT_ID" --log-directory "$S/pods/$name"
+run_pod() { run_pod_in demo "$@"; }
+# run_pod_in NAMESPACE NAME [ANNOTATION=VALUE...]: run_pod for a pod of NAMESPACE (the sandbox
+# config's metadata, which the CRI plugin passes on as K8S_POD_NAMESPACE).
+run_pod_in() {
+  local k8s_ns=$1 name=$2 a id st
+  shift 2
+  local -a args=(--name "$name" --namespace "$k8s_ns" --uid "uid-$name-$RT_ID" --log-directory "$S/pods/$name"
     --cgroup-parent "/$CG" --label "io.kubernetes.pod.name=$name")
   for a in "$@"; do args+=(--annotation "$a"); done
   id=$(cri runp "${args[@]}" 2>"$S/runp.err") || fail "RunPodSandbox $name: $(cat "$S/runp.err"); plugin log: $(tail -n 5 "$S/log/cni.log")"
@@ -348,7 +352,81 @@ test_cri_dual_stack_pods() {
   assert_clean
 }
 
+# Downloads by destination class through the kubelet's path (issue 19), at uplink MTU: the
+# policy's per-pod internet and named-class download limits, the pod annotation that may lower
+# them and never raise them, a namespace's download limit shared by its pods, and internal
+# traffic beside a limited download, with aliasnet-shaperd running as the DaemonSet runs it
+# (it builds the namespaces' and the node's aggregates as pods come). Every download runs at
+# once, for DL_SECS, from the internet host (203.0.113.10, and MIRROR_IP as the class
+# "mirrors") or from an internal host beyond the uplink.
+DL_SECS=4
+INTERNAL_PACE=400M
+DL_POLICY='internal_cidrs = ["10.0.0.0/8"]
+[internet]
+pod_ingress_rate = "20M"
+namespace_ingress_rate = "60M"
+node_ingress_rate = "120M"
+[classes.mirrors]
+cidrs = ["203.0.113.20/32"]
+pod_ingress_rate = "10M"
+[namespaces.team.internet]
+pod_ingress_rate = "unlimited"
+namespace_ingress_rate = "30M"'
+cri_downloads() {
+  local mtu=$1
+  RT_POLICY=$DL_POLICY
+  cri_env "$mtu"
+  add_mirror "$INET"
+  local peer=ancri-p-$RT_ID
+  add_fabric_peer "ancri-r-$RT_ID" "$peer" "$mtu"
+  start_shaperd "$S"
+  run_pod_in dl cls
+  run_pod_in dl greedy aliasnet.io/internet-ingress-bandwidth=1P
+  run_pod_in dl modest aliasnet.io/internet-ingress-bandwidth=5M
+  local p
+  for p in t0 t1 t2; do run_pod_in team "$p"; done
+  assert_eq "$(pod_mtu cls)" "$mtu" "MTU of cls's eth0 (the uplink's)"
+  # What the plugin made of the sandbox configs and annotations, policy the ceiling.
+  pods_json >"$S/pods.json" || fail "aliasnetctl pods failed"
+  local got
+  got=$(jq -r 'sort_by(.pod)[] | "\(.pod) \(.namespace) \(.limits.internet_ingress) \(.limits.classes.mirrors.ingress)"' "$S/pods.json")
+  assert_eq "$got" "$(printf '%s\n' 'cls dl 20000000 10000000' 'greedy dl 20000000 10000000' \
+    'modest dl 5000000 5000000' 't0 team null 10000000' 't1 team null 10000000' 't2 team null 10000000')" \
+    "pods, namespaces and internet / mirrors download limits (aliasnetctl pods --json)"
+  wait_aggregate dl 3
+  wait_aggregate team 3
+
+  local inet=203.0.113.10
+  log "MTU $mtu: downloads over ${DL_SECS}s, all at once [per-second Mbit/s]"
+  downloads "$S/dl" "$DL_SECS" \
+    "cls-internet|${POD_NS[cls]}|$INET|$inet|" \
+    "cls-mirrors|${POD_NS[cls]}|$INET|$MIRROR_IP|" \
+    "greedy|${POD_NS[greedy]}|$INET|$inet|" \
+    "greedy-internal|${POD_NS[greedy]}|$peer|$PEER_IP|$INTERNAL_PACE" \
+    "modest|${POD_NS[modest]}|$INET|$inet|" \
+    "t0|${POD_NS[t0]}|$INET|$inet|" \
+    "t1|${POD_NS[t1]}|$INET|$inet|" \
+    "t2|${POD_NS[t2]}|$INET|$inet|"
+  check_downloads "$S/dl" \
+    "limit|mtu $mtu class mirrors, pod 10M|10M|cls-mirrors" \
+    "limit|mtu $mtu internet (mirrors in it), pod 20M|20M|cls-internet+cls-mirrors" \
+    "limit|mtu $mtu annotation 1P, policy 20M|20M|greedy" \
+    "limit|mtu $mtu annotation 5M, policy 20M|5M|modest" \
+    "limit|mtu $mtu namespace team, 30M|30M|t0+t1+t2" \
+    "fair|mtu $mtu namespace team's pods|t0+t1+t2" \
+    "paced|mtu $mtu internal beside greedy's download|$INTERNAL_PACE|greedy-internal"
+  assert_class_counters "$DL_SECS"
+  for p in cls greedy modest t0 t1 t2; do
+    cri stopp "${POD_ID[$p]}" || fail "StopPodSandbox $p"
+    cri rmp "${POD_ID[$p]}" || fail "RemovePodSandbox $p"
+  done
+  assert_clean
+  stop_shaperd
+}
+
 test_cri_bandwidth_mtu1500() { cri_bandwidth 1500; }
 test_cri_bandwidth_mtu9000() { cri_bandwidth 9000; }
+test_cri_downloads_mtu1500() { cri_downloads 1500; }
+test_cri_downloads_mtu9000() { cri_downloads 9000; }
 
 run_tests "$@"
