@@ -15,7 +15,7 @@
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
-POD_RANGE=10.233.0.0/29
+POD_RANGE=10.233.0.0/28
 POD_RANGE6=fd00:233::/125
 
 # podman_env [dual]: a node with aliasnet installed (by install.sh) and ipamd running; sets S,
@@ -325,6 +325,76 @@ test_podman_bad_configs_give_operator_errors() {
   start_ipamd "$NODE" "$S" "$SOCK"
   for _ in $(seq 50); do [[ -z $(node_links "$NODE") && -z $(leases "$SOCK") ]] && break; sleep 0.1; done
   assert_clean
+}
+
+# ctr_netns NAME: the container's netns path (a bind mount in podman's mount namespace).
+ctr_netns() { pm inspect -f '{{.NetworkSettings.SandboxKey}}' "$1"; }
+
+# Downloads by destination class through podman (issue 19), at the fabric's MTU, with
+# aliasnet-shaperd running as the DaemonSet runs it. podman sends the plugin no annotations
+# and no Kubernetes namespace (CNI_ARGS has K8S_POD_NAME only), so its containers get the
+# policy's defaults and share the namespace "" aggregate: first the per-pod internet and
+# named-class download limits (a podman --annotation asking for more changes nothing) with an
+# internal download beside a limited one, then, after a policy reload that sets a namespace
+# download limit, three containers sharing it. Downloads run at once for DL_SECS, from the
+# internet host (203.0.113.10, and MIRROR_IP as the class "mirrors") or from an internal host
+# beyond the uplink.
+DL_SECS=4
+INTERNAL_PACE=400M
+# dl_policy [LINE]: the policy, LINE added to its [internet] table.
+dl_policy() {
+  printf '%s\n' 'internal_cidrs = ["10.0.0.0/8"]' '[internet]' 'pod_ingress_rate = "20M"' \
+    'node_ingress_rate = "120M"' ${1:+"$1"} '[classes.mirrors]' 'cidrs = ["203.0.113.20/32"]' \
+    'pod_ingress_rate = "10M"'
+}
+test_podman_downloads() {
+  RT_POLICY=$(dl_policy)
+  podman_env
+  local inet_ns=anp-i-$RT_ID peer=anp-p-$RT_ID mtu=${ALIASNET_TEST_MTU:-9000} c
+  add_mirror "$inet_ns"
+  add_fabric_peer "anp-r-$RT_ID" "$peer" "$mtu"
+  start_shaperd "$S"
+  run_ctr cls >/dev/null || fail "podman run cls: $(tail -n 20 "$S/log/cni.log")"
+  run_ctr lim --annotation aliasnet.io/internet-ingress-bandwidth=1P >/dev/null || fail "podman run lim"
+  for c in t0 t1 t2; do run_ctr "$c" >/dev/null || fail "podman run $c"; done
+  declare -A NS
+  for c in cls lim t0 t1 t2; do NS[$c]=$(ctr_netns "$c"); done
+  assert_eq "$(pm exec cls cat /sys/class/net/eth0/mtu)" "$mtu" "MTU of cls's eth0 (the uplink's)"
+  pods_json >"$S/pods.json" || fail "aliasnetctl pods failed"
+  local got
+  got=$(jq -r 'sort_by(.pod)[] | "\(.pod) [\(.namespace)] \(.limits.internet_ingress) \(.limits.classes.mirrors.ingress)"' "$S/pods.json")
+  assert_eq "$got" "$(printf '%s\n' 'cls [] 20000000 10000000' 'lim [] 20000000 10000000' \
+    't0 [] 20000000 10000000' 't1 [] 20000000 10000000' 't2 [] 20000000 10000000')" \
+    "containers, their (empty) namespace and download limits (aliasnetctl pods --json)"
+
+  local inet=203.0.113.10
+  log "MTU $mtu: downloads over ${DL_SECS}s, all at once [per-second Mbit/s]"
+  downloads "$S/dl" "$DL_SECS" \
+    "cls-internet|${NS[cls]}|$inet_ns|$inet|" \
+    "cls-mirrors|${NS[cls]}|$inet_ns|$MIRROR_IP|" \
+    "lim|${NS[lim]}|$inet_ns|$inet|" \
+    "lim-internal|${NS[lim]}|$peer|$PEER_IP|$INTERNAL_PACE"
+  check_downloads "$S/dl" \
+    "limit|mtu $mtu class mirrors, pod 10M|10M|cls-mirrors" \
+    "limit|mtu $mtu internet (mirrors in it), pod 20M|20M|cls-internet+cls-mirrors" \
+    "limit|mtu $mtu --annotation 1P, policy 20M|20M|lim" \
+    "paced|mtu $mtu internal beside lim's download|$INTERNAL_PACE|lim-internal"
+  assert_class_counters "$DL_SECS"
+
+  # A namespace limit: every container is in the namespace "".
+  set_policy "$S" "$(dl_policy 'namespace_ingress_rate = "30M"')"
+  wait_aggregate "" 5
+  downloads "$S/ns" "$DL_SECS" \
+    "t0|${NS[t0]}|$inet_ns|$inet|" \
+    "t1|${NS[t1]}|$inet_ns|$inet|" \
+    "t2|${NS[t2]}|$inet_ns|$inet|"
+  check_downloads "$S/ns" \
+    "limit|mtu $mtu namespace \"\", 30M|30M|t0+t1+t2" \
+    "fair|mtu $mtu namespace \"\"'s containers|t0+t1+t2"
+  pm rm -f -t 0 cls lim t0 t1 t2 >/dev/null
+  for _ in $(seq 50); do [[ -z $(node_links "$NODE") && -z $(leases "$SOCK") ]] && break; sleep 0.1; done
+  assert_clean
+  stop_shaperd
 }
 
 run_tests "$@"
