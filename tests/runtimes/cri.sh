@@ -379,7 +379,7 @@ cri_downloads() {
   add_mirror "$INET"
   local peer=ancri-p-$RT_ID
   add_fabric_peer "ancri-r-$RT_ID" "$peer" "$mtu"
-  start_shaperd "$S"
+  start_shaperd_daemon "$S"
   run_pod_in dl cls
   run_pod_in dl greedy aliasnet.io/internet-ingress-bandwidth=1P
   run_pod_in dl modest aliasnet.io/internet-ingress-bandwidth=5M
@@ -421,7 +421,7 @@ cri_downloads() {
     cri rmp "${POD_ID[$p]}" || fail "RemovePodSandbox $p"
   done
   assert_clean
-  stop_shaperd
+  stop_shaperd_daemon
 }
 
 test_cri_bandwidth_mtu1500() { cri_bandwidth 1500; }

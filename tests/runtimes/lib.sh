@@ -260,11 +260,12 @@ install_policy() {
   fi
 }
 
-# start_shaperd DIR: aliasnet-shaperd as the DaemonSet runs it, after start_datapath: in the
-# node's netns and the runtime's mount namespace, polling DIR/src/shaper.toml every second and
-# following the pods (it sets up the namespaces' and the node's aggregates as pods come and
-# go). Sets SHAPERD_PID; stop it with stop_shaperd (a deferred stop_pid is the backstop).
-start_shaperd() {
+# start_shaperd_daemon DIR: aliasnet-shaperd as the DaemonSet runs it, after start_datapath:
+# in the node's netns and the runtime's mount namespace, polling DIR/src/shaper.toml every
+# second and following the pods (it sets up the namespaces' and the node's aggregates as pods
+# come and go). Sets SHAPERD_PID; stop it with stop_shaperd_daemon (a deferred stop_pid is the
+# backstop).
+start_shaperd_daemon() {
   local dir=$1 i
   SHAPERD_LOG=$dir/shaperd-daemon.log
   in_node env RUST_LOG=info "$BIN_DIR/aliasnet-shaperd" --config "$dir/src/shaper.toml" --pin-root "$PIN_ROOT" \
@@ -279,8 +280,8 @@ start_shaperd() {
   fail "aliasnet-shaperd did not start: $(tail -n 5 "$SHAPERD_LOG")"
 }
 
-# stop_shaperd: SIGTERM; the daemon must exit 0 (leaving the datapath in place).
-stop_shaperd() {
+# stop_shaperd_daemon: SIGTERM; the daemon must exit 0 (leaving the datapath in place).
+stop_shaperd_daemon() {
   local rc=0
   # The daemon, not the subshell that started it (whose status is the daemon's).
   kill -TERM "$(shaperd_pid)"
@@ -296,7 +297,7 @@ set_policy() {
   kill -HUP "$(shaperd_pid)"
 }
 
-# shaperd_pid: the daemon's pid (start_shaperd's job is a subshell running it, or it).
+# shaperd_pid: the daemon's pid (start_shaperd_daemon's job is a subshell running it, or it).
 shaperd_pid() { pgrep -P "$SHAPERD_PID" || echo "$SHAPERD_PID"; }
 
 # status_json: `aliasnetctl status --json` (what the maps hold: classes, limits, aggregates).

@@ -353,7 +353,7 @@ test_podman_downloads() {
   local inet_ns=anp-i-$RT_ID peer=anp-p-$RT_ID mtu=${ALIASNET_TEST_MTU:-9000} c
   add_mirror "$inet_ns"
   add_fabric_peer "anp-r-$RT_ID" "$peer" "$mtu"
-  start_shaperd "$S"
+  start_shaperd_daemon "$S"
   run_ctr cls >/dev/null || fail "podman run cls: $(tail -n 20 "$S/log/cni.log")"
   run_ctr lim --annotation aliasnet.io/internet-ingress-bandwidth=1P >/dev/null || fail "podman run lim"
   for c in t0 t1 t2; do run_ctr "$c" >/dev/null || fail "podman run $c"; done
@@ -394,7 +394,7 @@ test_podman_downloads() {
   pm rm -f -t 0 cls lim t0 t1 t2 >/dev/null
   for _ in $(seq 50); do [[ -z $(node_links "$NODE") && -z $(leases "$SOCK") ]] && break; sleep 0.1; done
   assert_clean
-  stop_shaperd
+  stop_shaperd_daemon
 }
 
 run_tests "$@"
