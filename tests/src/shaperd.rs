@@ -60,9 +60,40 @@ impl Shaperd {
         // plugin finds complete pins as soon as this returns.
         run(&mut Self::command(&bin, &ns.path(), &paths, &["--once"]))
             .context("aliasnet-shaperd --once")?;
+        let from = fs::metadata(&paths.log).map_or(0, |m| m.len());
         let mut me = Self::spawn(&bin, &ns.path(), paths, &["--poll-interval", "1"])?;
         me.remove_pins = true;
+        // The daemon loads the programs again at start, holding the pin root's lock while the
+        // verifier runs (seconds on a loaded machine): an ADD meanwhile waits for the lock
+        // and fails after 10 s. Tests add pods once it is past that.
+        me.wait_running(from, Duration::from_secs(60))?;
         Ok(me)
+    }
+
+    /// Until the log, from byte `from` on, says the daemon is running (its datapath installed
+    /// and its signal handlers set).
+    fn wait_running(&mut self, from: u64, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let log = fs::read(&self.paths.log).unwrap_or_default();
+            let tail = log.get(usize::try_from(from)?..).unwrap_or_default();
+            if String::from_utf8_lossy(tail).contains("running;") {
+                return Ok(());
+            }
+            if !self.is_running() {
+                bail!(
+                    "aliasnet-shaperd exited at start: {}",
+                    String::from_utf8_lossy(tail)
+                );
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "aliasnet-shaperd not running after {timeout:?}: {}",
+                    String::from_utf8_lossy(tail)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Start the daemon in the background with `args`; its output is appended to the log.
