@@ -308,7 +308,7 @@ pub fn check(
         ));
     }
     if rec.ipv4() != ipv4 || rec.ipv6() != ipv6 {
-        let want = crate::wiring::describe(
+        let want = crate::plan::describe(
             &ipv4
                 .map(std::net::IpAddr::V4)
                 .into_iter()
