@@ -6,8 +6,9 @@
 //! The daemon's answer (which waits for its fsync) is the longest step, so the Allocate goes
 //! out right after connecting and its answer is read only once the veth pair exists: the
 //! pair, the two netlink sockets and the host's sysctls are independent of the addresses.
-//! The pod's socket is opened on a short-lived thread inside the pod's netns while this
-//! thread opens the host's; no thread that works on the host ever enters the pod.
+//! The pod's socket is opened on a short-lived thread inside the pod's netns, from the start,
+//! and collected only when the pod side is wired; no thread that works on the host ever
+//! enters the pod.
 
 use std::time::Instant;
 
@@ -15,7 +16,8 @@ use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, CniResult, Interfac
 use aliasnet_ipam_proto::{
     host_veth_name, AttachmentKey, Client, ClientError, Lease, PodRef, Request, Response,
 };
-use aliasnet_netlink::{link::format_mac, Link, Removed, Rtnl};
+use aliasnet_netlink::{link::format_mac, Link, NetlinkError, Removed, Rtnl};
+use aliasnet_netns::Spawned;
 
 use crate::{
     datapath, ipam,
@@ -93,15 +95,32 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
         .as_ref()
         .map(CniResult::from_prev_result)
         .transpose()?;
+    let netns = NetNs::open(&env.netns)?;
+    // The pod's netlink socket is opened by a short-lived thread inside the pod's netns while
+    // this one validates, opens the datapath and sends the Allocate.
+    std::thread::scope(|s| {
+        let pod = netns.spawn(s, Rtnl::new);
+        add(conf, env, &args, prev, &netns, pod, t0)
+    })
+}
+
+fn add(
+    conf: &NetConf,
+    env: &AttachEnv,
+    args: &CniArgs,
+    prev: Option<CniResult>,
+    netns: &NetNs,
+    pod_socket: Spawned<'_, Result<Rtnl, NetlinkError>>,
+    t0: Instant,
+) -> Result<serde_json::Value, CniError> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
     let host_veth = host_veth_name(&conf.host_veth_prefix, &key);
-    let netns = NetNs::open(&env.netns)?;
     // Everything that can reject the pod without side effects comes before the Allocate: bad
     // bandwidth values, a limit we cannot honour, the datapath not pinned yet.
     let wanted = datapath::requested(conf)?;
     let mut dp = datapath::open_for_add(conf, &wanted)?;
     if dp.is_some() {
-        datapath::check_identity(&args, env)?;
+        datapath::check_identity(args, env)?;
     }
     let t_dp_open = t0.elapsed();
     // Connecting first means "daemon down" fails before anything exists (code 11).
@@ -129,7 +148,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
     };
     let t_setup = t0.elapsed();
 
-    let (mut host, mut pod, mtu) = match sockets(conf, &netns) {
+    let (mut host, mtu) = match host_socket(conf) {
         Ok(s) => s,
         Err(e) => {
             // Nothing was created here, but the Allocate may have succeeded.
@@ -141,12 +160,13 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
             return Err(append_problems(e, &problems));
         }
     };
+    let mut pod = PodSocket::Starting(pod_socket);
     let res = wire_pod(
         conf,
         env,
         PairSpec {
             host_veth: &host_veth,
-            netns: &netns,
+            netns,
             mtu,
         },
         &mut host,
@@ -158,7 +178,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
     // the veth and the lease.
     let res = res.and_then(|(result, plan)| {
         if let Some(dp) = dp.as_mut() {
-            let id = datapath::identity(&args, env, plan.v4(), plan.v6());
+            let id = datapath::identity(args, env, plan.v4(), plan.v6());
             datapath::attach(conf, dp, &host_veth, env, id, wanted.limits)?;
         }
         Ok(result)
@@ -181,26 +201,43 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
     Ok(result.to_json(conf.cni_version))
 }
 
-/// The host's netlink socket and the MTU (the config's, or the uplink's), and the pod's
-/// socket, opened meanwhile by a short-lived thread inside the pod's netns.
-fn sockets(conf: &NetConf, netns: &NetNs) -> Result<(Rtnl, Rtnl, u32), CniError> {
-    std::thread::scope(|s| {
-        let pod = netns.spawn(s, Rtnl::new);
-        let host = Rtnl::new()
-            .map_err(|e| to_cni(e.with_op("host: open a netlink socket")))
-            .and_then(|mut host| {
-                let mtu = match conf.mtu {
-                    Some(m) => m,
-                    None => netlink::uplink_mtu(&mut host)?,
-                };
-                Ok((host, mtu))
-            });
-        let pod = netns.join(pod)?.map_err(|e| {
-            to_cni(e.with_op(format!("pod: open a netlink socket in {}", netns.path())))
-        });
-        let (host, mtu) = host?;
-        Ok((host, pod?, mtu))
-    })
+/// The host's netlink socket and the MTU (the config's, or the uplink's).
+fn host_socket(conf: &NetConf) -> Result<(Rtnl, u32), CniError> {
+    let mut host = Rtnl::new().map_err(|e| to_cni(e.with_op("host: open a netlink socket")))?;
+    let mtu = match conf.mtu {
+        Some(m) => m,
+        None => netlink::uplink_mtu(&mut host)?,
+    };
+    Ok((host, mtu))
+}
+
+/// The pod's netlink socket, opened by its thread inside the pod's netns; collected the first
+/// time it is needed, so that the thread's start overlaps the host's work.
+enum PodSocket<'s> {
+    Starting(Spawned<'s, Result<Rtnl, NetlinkError>>),
+    Open(Rtnl),
+    Failed,
+}
+
+impl PodSocket<'_> {
+    fn get(&mut self, netns: &NetNs) -> Result<&mut Rtnl, CniError> {
+        if let PodSocket::Starting(_) = self {
+            let PodSocket::Starting(work) = std::mem::replace(self, PodSocket::Failed) else {
+                unreachable!("matched above")
+            };
+            let rtnl = netns.join(work)?.map_err(|e| {
+                to_cni(e.with_op(format!("pod: open a netlink socket in {}", netns.path())))
+            })?;
+            *self = PodSocket::Open(rtnl);
+        }
+        match self {
+            PodSocket::Open(r) => Ok(r),
+            _ => Err(CniError::new(
+                code::NETLINK,
+                format!("pod: no netlink socket in {}", netns.path()),
+            )),
+        }
+    }
 }
 
 /// What creating the pair gave.
@@ -225,7 +262,7 @@ fn wire_pod(
     env: &AttachEnv,
     spec: PairSpec<'_>,
     host: &mut Rtnl,
-    pod: &mut Rtnl,
+    pod: &mut PodSocket<'_>,
     progress: &mut Progress,
 ) -> Result<(CniResult, Plan), CniError> {
     let t0 = Instant::now();
@@ -244,25 +281,25 @@ fn wire_pod(
         "host: create veth {host_veth} with peer {ifname} in {}",
         netns.path()
     );
-    let created = match host.create_veth(host_veth, ifname, netns.fd(), mtu, &what) {
-        Ok(l) => {
-            progress.veth = Some((l.index, l.name.clone()));
-            host_sysctls(host_veth).map(|()| Created::Pair(l))?
-        }
-        Err(e) if e.errno() == Some(libc::EEXIST) => {
-            // The pod's interface name, or our host name, is taken.
-            if let Some(existing) = pod
-                .link_by_name(ifname)
-                .map_err(|e| to_cni(e.with_op(format!("look up {ifname} in {}", netns.path()))))?
-            {
-                return Err(interface_exists(
-                    host, host_veth, ifname, netns, &existing, progress,
-                ));
+    let created =
+        match host.create_veth(host_veth, ifname, netns.fd(), mtu, &what) {
+            Ok(l) => {
+                progress.veth = Some((l.index, l.name.clone()));
+                host_sysctls(host_veth).map(|()| Created::Pair(l))?
             }
-            Created::HostNameTaken
-        }
-        Err(e) => Created::Failed(to_cni(e)),
-    };
+            Err(e) if e.errno() == Some(libc::EEXIST) => {
+                // The pod's interface name, or our host name, is taken.
+                if let Some(existing) = pod.get(netns)?.link_by_name(ifname).map_err(|e| {
+                    to_cni(e.with_op(format!("look up {ifname} in {}", netns.path())))
+                })? {
+                    return Err(interface_exists(
+                        host, host_veth, ifname, netns, &existing, progress,
+                    ));
+                }
+                Created::HostNameTaken
+            }
+            Err(e) => Created::Failed(to_cni(e)),
+        };
     let t_pair = t0.elapsed();
 
     let leases = progress.settle_alloc();
@@ -315,7 +352,7 @@ fn wire_pod(
     }
     let pod_link = Pair {
         host,
-        pod,
+        pod: pod.get(netns)?,
         host_link: &host_link,
         ifname,
     }
