@@ -1,5 +1,5 @@
 //! Per-pod program attachment: a clsact qdisc and cls_bpf direct-action filters, over the
-//! same synchronous rtnetlink socket as the HTB code ([`Rtnl`]).
+//! same socket as the HTB code ([`Rtnl`]).
 //!
 //! # Why not TCX for per-pod hooks
 //!
