@@ -439,7 +439,10 @@ fn rollback(
         let _ = progress.settle_alloc();
     }
     if let Some((index, name)) = &progress.veth {
-        if let Err(e) = host.delete_link(*index, &format!("deleting host veth {name}")) {
+        if let Err(e) = host
+            .delete_link(*index)
+            .map_err(|e| e.with_op(format!("deleting host veth {name}")))
+        {
             problems.push(to_cni(e).msg);
         }
     }

@@ -244,14 +244,13 @@ impl Rtnl {
         Ok(index)
     }
 
-    /// Deletes link `index` (one this process created: a rollback); false when it is gone
-    /// already. For a link that may not be ours, [`Rtnl::delete_veth`].
-    pub fn delete_link(&mut self, index: u32, op: &str) -> Result<bool, NetlinkError> {
-        let msg = RouteNetlinkMessage::DelLink(link_message(index, None));
-        match self.request(msg, 0, op) {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
+    /// Deletes link `ifindex` (one the caller made: a rollback, a device of its own); a missing
+    /// one is not an error. For a link that may not be ours, [`Rtnl::delete_veth`].
+    pub fn delete_link(&mut self, ifindex: u32) -> Result<(), NetlinkError> {
+        let msg = RouteNetlinkMessage::DelLink(link_message(ifindex, None));
+        match self.request(msg, 0, &format!("delete link {ifindex}")) {
+            Err(e) if is_not_found(&e) => Ok(()),
+            r => r.map(|_| ()),
         }
     }
 
