@@ -1,5 +1,5 @@
 //! Cost of attaching and detaching pods through the library, and of one TCX link for
-//! comparison (why per-pod hooks are cls_bpf filters: see `aliasnet_ebpf::netlink::clsact`).
+//! comparison (why per-pod hooks are cls_bpf filters: see `aliasnet_netlink::clsact`).
 //!
 //! Builds a private node: a network namespace this process enters, a private bpffs, and N
 //! veth pairs with the peers in pod namespaces. Measures, per pod: `attach_pod` without limits

@@ -10,7 +10,11 @@
 //! ```sh
 //! target/release/aliasnet-bench cni --runs 3 --out bench-results/cni.md
 //! target/release/aliasnet-bench cni --stack dual --runs 3 --out bench-results/cni-dual.md
+//! target/release/aliasnet-bench cni --runs 3 --burst 250 --out bench-results/cni-burst.md
 //! ```
+//!
+//! `--burst N` adds a phase of N pods whose ADDs all start at once (a node filling up): its
+//! "ADD wall (all pods)" row is the time until the last pod has its network.
 //!
 //! `--stack dual` gives every pod an IPv4 and an IPv6 address: the node's ipamd serves an
 //! IPv4 and an IPv6 pool, and the reference `host-local` has two ranges (one per family).
@@ -44,6 +48,9 @@ pub struct Args {
     /// Concurrency of the parallel phase.
     #[arg(long, default_value_t = 8)]
     parallel: usize,
+    /// Pods of the burst phase, all started at once (a node filling up); 0 skips the phase.
+    #[arg(long, default_value_t = 0)]
+    burst: usize,
     /// Repetitions; medians of the per-run percentiles are reported.
     #[arg(long, default_value_t = 3)]
     runs: usize,
@@ -412,6 +419,16 @@ pub fn run(args: Args) -> Result<()> {
                 phase: format!("{}-parallel", args.parallel),
                 samples: s,
             });
+            if args.burst > 0 {
+                eprintln!("run {run}: {} {} at once", c.label, args.burst);
+                let s = parallel(c, &node.ns, &format!("{tag}b"), args.burst, args.burst)?;
+                records.push(RunRecord {
+                    run,
+                    chain: c.label.into(),
+                    phase: format!("{}-at-once", args.burst),
+                    samples: s,
+                });
+            }
         }
     }
     let _ = std::fs::remove_dir_all("/var/lib/cni/networks/bench-ptp");
@@ -456,8 +473,9 @@ fn render(records: &[RunRecord], args: &Args) -> String {
     let med = |v: &Vec<[f64; 3]>, i: usize| median(&mut v.iter().map(|x| x[i]).collect::<Vec<_>>());
     let mut out = String::new();
     out.push_str(&format!(
-        "Medians over {} runs of each run's percentile (ms). Sequential: {} pods ADD, CHECK, DEL; parallel: {} pods, {} at a time. Pods: {}.\n\n",
+        "Medians over {} runs of each run's percentile (ms). Sequential: {} pods ADD, CHECK, DEL; parallel: {} pods, {} at a time{}. Pods: {}.\n\n",
         args.runs, args.pods, args.parallel_pods, args.parallel,
+        if args.burst > 0 { format!("; burst: {} pods at once", args.burst) } else { String::new() },
         if args.stack == StackArg::Dual { "dual-stack (one IPv4 and one IPv6 address)" } else { "IPv4" }
     ));
     out.push_str("| phase | op | chain | p50 | p90 | p99 |\n|---|---|---|---|---|---|\n");

@@ -8,12 +8,12 @@
 //! nsenter --net=/run/netns/node aliasnet-bench podctl show
 //! ```
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::path::PathBuf;
 
 use aliasnet_ebpf::{
     abi::{Class, Direction},
-    limits::{parse_quantity, ANNOTATION_INTERNET_EGRESS},
-    CniBandwidth, Datapath, Limits, PodAttachment, PodIdentity,
+    limits::parse_quantity,
+    Datapath, Limits, PodAttachment, PodIdentity,
 };
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
@@ -64,18 +64,13 @@ pub fn run(args: Args) -> Result<()> {
             egress_rate,
             internet_rate,
         } => {
-            let mut ann = BTreeMap::new();
-            if let Some(r) = internet_rate {
-                ann.insert(ANNOTATION_INTERNET_EGRESS.to_owned(), r.to_string());
-            }
-            let limits = Limits::from_cni(
-                CniBandwidth {
-                    ingress_rate,
-                    egress_rate,
-                    ..Default::default()
-                },
-                &ann,
-            )?;
+            let limits = Limits {
+                ingress_rate,
+                egress_rate,
+                internet_egress_rate: internet_rate,
+                ..Default::default()
+            };
+            limits.validate()?;
             let a = dp.attach_pod(&PodAttachment {
                 host_ifname,
                 netns,

@@ -15,10 +15,9 @@ use aliasnet_ipam_proto::{
     Response,
 };
 
-use crate::{
-    datapath, ipam,
-    nl::{nl_err, Nl},
-};
+use aliasnet_netlink::{Removed, Rtnl};
+
+use crate::{datapath, ipam, netlink::to_cni};
 
 pub fn run(conf: &NetConf, env: &DelEnv) -> Result<(), CniError> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
@@ -155,13 +154,18 @@ fn spool(
     }
 }
 
-/// Delete the host veth synchronously; returns whether it existed.
+/// Delete the host veth synchronously (only a veth: a link of another kind under our name is
+/// not ours); returns whether it existed.
 fn delete_veth(name: &str) -> Result<bool, CniError> {
-    let rt = crate::runtime()?;
-    rt.block_on(async {
-        let host = Nl::connect()?;
-        host.del_link_by_name(name)
-            .await
-            .map_err(|e| nl_err(format!("host: delete {name}"), e))
-    })
+    let op = format!("host: delete {name}");
+    let mut host = Rtnl::new().map_err(|e| to_cni(e.with_op(&op)))?;
+    match host.delete_veth(name) {
+        Ok(Removed::Deleted) => Ok(true),
+        Ok(Removed::NotFound) => Ok(false),
+        Ok(Removed::NotVeth(kind)) => Err(CniError::new(
+            code::NETLINK,
+            format!("{op}: it is a {kind}, not a veth of aliasnet; left alone"),
+        )),
+        Err(e) => Err(to_cni(e.with_op(op))),
+    }
 }

@@ -12,13 +12,12 @@ mod del;
 mod gc;
 mod ipam;
 mod logging;
+mod netlink;
 mod netns;
-mod nl;
 mod output;
+mod plan;
 mod status;
 mod sysctl;
-mod wire;
-mod wiring;
 
 use std::io::Read;
 
@@ -128,12 +127,4 @@ fn version_cmd(stdin: &[u8]) -> Result<Value, CniError> {
     Ok(aliasnet_cni_types::version_info(
         v.get("cniVersion").and_then(Value::as_str),
     ))
-}
-
-/// The single-threaded runtime rtnetlink runs on; building it costs microseconds.
-fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()
-        .map_err(|e| CniError::internal(format!("cannot start tokio runtime: {e}")))
 }

@@ -1,12 +1,12 @@
 //! The pod's network namespace as the plugin sees it: `CNI_NETNS` opened once (and refused
-//! when it is not a pod's network namespace), entered only briefly by the calling thread to
-//! create a netlink socket bound to it. The checks are `aliasnet_netns`'s; this maps their
-//! failures to CNI error codes.
+//! when it is not a pod's network namespace), entered only by short-lived threads: one opens
+//! the pod's netlink socket (which stays bound to the namespace), another sets the pod's
+//! sysctls. The checks are `aliasnet_netns`'s; this maps their failures to CNI error codes.
 
 use std::os::fd::BorrowedFd;
 
 use aliasnet_cni_types::{code, CniError};
-use aliasnet_netns::NetnsError;
+use aliasnet_netns::{NetnsError, Spawned};
 
 /// An open network namespace.
 pub struct NetNs {
@@ -34,10 +34,24 @@ impl NetNs {
         self.ns.fd()
     }
 
-    /// Run `f` with the calling thread inside this namespace, then return to the original
-    /// one. Sockets created by `f` stay bound to this namespace.
-    pub fn enter<T>(&self, f: impl FnOnce() -> T) -> Result<T, CniError> {
-        self.ns.enter(f).map_err(|e| to_cni(&self.path, e))
+    /// Runs `f` on a short-lived thread inside this namespace: the plugin's own threads never
+    /// enter it. Sockets `f` creates stay bound to it.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, CniError> {
+        self.ns.run(f).map_err(|e| to_cni(&self.path, e))
+    }
+
+    /// Starts `f` on a short-lived thread of `scope` inside this namespace; [`NetNs::join`]
+    /// collects it.
+    pub fn spawn<'s, T: Send + 's>(
+        &'s self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        f: impl FnOnce() -> T + Send + 's,
+    ) -> Spawned<'s, T> {
+        self.ns.spawn(scope, f)
+    }
+
+    pub fn join<T>(&self, work: Spawned<'_, T>) -> Result<T, CniError> {
+        work.join().map_err(|e| to_cni(&self.path, e))
     }
 }
 

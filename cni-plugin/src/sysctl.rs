@@ -1,6 +1,6 @@
 //! The sysctls the datapath needs, on the host and (for IPv6) in the pod. `/proc/sys/net` shows
 //! the netns of the task that opens it: the host's run on the (host-netns) main thread, the
-//! pod's while that thread is inside the pod's netns.
+//! pod's on a short-lived thread inside the pod's netns.
 
 use std::{fs, io};
 

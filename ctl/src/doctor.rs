@@ -9,11 +9,11 @@ use std::{
 
 use aliasnet_ebpf::{
     abi,
-    netlink::{Link, Rtnl},
     shadow::{classes_in_view, shadowed_class_prefixes, view_of_active},
     Datapath, PodRecord,
 };
 use aliasnet_ipam_proto::{host_veth_name, Lease, RECOVERED_NETWORK};
+use aliasnet_netlink::{Link, Rtnl};
 use serde::Serialize;
 
 use crate::{
@@ -159,7 +159,8 @@ fn collect(g: &Global, o: &Options) -> Report {
     let by_name: HashMap<&str, &Link> = links.iter().map(|l| (l.name.as_str(), l)).collect();
     let ours: Vec<&Link> = links
         .iter()
-        .filter(|l| l.kind == "veth" && l.name.starts_with(&o.veth_prefix))
+        // Wider than ipamd's orphan check: any veth with the prefix, for the operator to judge.
+        .filter(|l| l.is_veth() && l.name.starts_with(&o.veth_prefix))
         .collect();
     checked.host_veths = ours.len();
     let record_of: HashMap<String, &PodRecord> = records
@@ -323,7 +324,7 @@ fn collect(g: &Global, o: &Options) -> Report {
             // One visit to the pod's netns: its interface, then that interface's qdiscs.
             let pod_side = aliasnet_ebpf::run_in_pod(&meta, move || {
                 let mut rt = Rtnl::new().ok()?;
-                let l = rt.links().ok()?.into_iter().find(|l| l.name == ifname)?;
+                let l = rt.link_by_name(&ifname).ok()??;
                 Some(below_frame(&dev, l.index, l.mtu, &what, &fix))
             });
             if let Ok(Some(f)) = pod_side {

@@ -3,10 +3,8 @@
 
 use std::path::Path;
 
-use aliasnet_ebpf::{
-    netlink::{NetlinkError, Rtnl},
-    Datapath, HookState, PodRecord, QdiscState,
-};
+use aliasnet_ebpf::{Datapath, HookState, PodRecord, QdiscState};
+use aliasnet_netlink::{NetlinkError, Rtnl};
 use aya::programs::{tc::TcAttachType, SchedClassifier};
 use serde::Serialize;
 

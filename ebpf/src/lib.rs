@@ -59,7 +59,7 @@ pub use datapath::{
     Datapath,
 };
 pub use error::{DatapathError, MultiError};
-pub use limits::{CniBandwidth, LimitError, Limits};
+pub use limits::{LimitError, Limits};
 pub use object::{datapath_object, MissingObject};
 pub use pod::{
     run_in_pod, AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord,

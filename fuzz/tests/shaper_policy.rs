@@ -1,6 +1,6 @@
 //! Fuzz target: aliasnet-shaperd's node policy (`Policy::parse`, `/etc/aliasnet/shaper.toml`)
 //! and the quantity parser it shares with the pods' bandwidth annotations
-//! (`limits::parse_quantity`, `Limits::from_cni`).
+//! (`limits::parse_quantity`, `Limits::requested`).
 //!
 //! Invariants: no panic; an accepted policy holds only prefixes without host bits, valid
 //! namespace names, usable rates and at most the datapath's number of prefixes and
@@ -11,11 +11,11 @@
 
 use std::collections::BTreeMap;
 
-use aliasnet_ebpf::{
-    abi,
-    limits::{self, CniBandwidth, Limits},
-    Dest, LevelLimits, NamespaceLimits, INTERNET,
+use aliasnet_cni_types::{
+    limits::{self, Limits},
+    Bandwidth, RuntimeConfig,
 };
+use aliasnet_ebpf::{abi, Dest, LevelLimits, NamespaceLimits, INTERNET};
 use aliasnet_fuzz::{config, corpus, mutated, nested, text};
 use aliasnet_shaper::{policy::CLOUD_METADATA, Policy};
 use proptest::prelude::*;
@@ -178,7 +178,7 @@ fn check_quantity(s: &str) {
         return;
     };
     assert_eq!(limits::parse_quantity(&v.to_string()), Ok(v), "{s:?}");
-    let _ = limits::fmt_rate(v);
+    let _ = aliasnet_ebpf::limits::fmt_rate(v);
     // A plain integer scales exactly by each decimal and binary suffix (or is too large).
     if s.bytes().all(|b| b.is_ascii_digit()) {
         for (suffix, mul) in [
@@ -196,9 +196,23 @@ fn check_quantity(s: &str) {
     }
 }
 
-fn check_limits(bw: CniBandwidth, annotations: &BTreeMap<String, String>) {
-    if let Ok(l) = Limits::from_cni(bw, annotations) {
-        assert!(l.validate().is_ok(), "{l:?}");
+fn check_limits(bw: Bandwidth, annotations: BTreeMap<String, String>) {
+    let rc = RuntimeConfig {
+        bandwidth: Some(bw),
+        pod_annotations: annotations,
+        ..Default::default()
+    };
+    if let Ok(r) = Limits::requested(&rc) {
+        assert!(r.limits.validate().is_ok(), "{r:?}");
+        // A limit is never requested without a field to name it by.
+        let l = r.limits;
+        let rates = [
+            l.ingress_rate,
+            l.egress_rate,
+            l.internet_egress_rate,
+            l.internet_ingress_rate,
+        ];
+        assert!(rates.iter().all(Option::is_none) || r.any(), "{r:?}");
     }
 }
 
@@ -333,6 +347,7 @@ fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
             Just(limits::ANNOTATION_INGRESS.to_owned()),
             Just(limits::ANNOTATION_EGRESS.to_owned()),
             Just(limits::ANNOTATION_INTERNET_EGRESS.to_owned()),
+            Just(limits::ANNOTATION_INTERNET_INGRESS.to_owned()),
             text(),
         ],
         quantity(),
@@ -340,7 +355,7 @@ fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
     )
 }
 
-fn cni_bandwidth() -> impl Strategy<Value = CniBandwidth> {
+fn cni_bandwidth() -> impl Strategy<Value = Bandwidth> {
     let v = || {
         proptest::option::of(prop_oneof![
             any::<u64>(),
@@ -354,7 +369,7 @@ fn cni_bandwidth() -> impl Strategy<Value = CniBandwidth> {
         ])
     };
     (v(), v(), v(), v()).prop_map(|(ingress_rate, ingress_burst, egress_rate, egress_burst)| {
-        CniBandwidth {
+        Bandwidth {
             ingress_rate,
             ingress_burst,
             egress_rate,
@@ -411,6 +426,6 @@ proptest! {
 
     #[test]
     fn pod_limits(bw in cni_bandwidth(), ann in annotations()) {
-        check_limits(bw, &ann);
+        check_limits(bw, ann);
     }
 }

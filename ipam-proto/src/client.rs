@@ -85,11 +85,29 @@ impl Client {
     /// Send one request and wait for its answer. A daemon-side error becomes
     /// [`ClientError::Refused`].
     pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
-        let result = frame::write_frame(&mut self.stream, req)
-            .and_then(|()| frame::read_frame(&mut self.stream));
+        self.send(req)?;
+        self.receive()
+    }
+
+    /// Send one request without waiting: its answer is read by [`Client::receive`], so the
+    /// caller works meanwhile (the daemon's answer waits for its disk).
+    pub fn send(&mut self, req: &Request) -> Result<(), ClientError> {
+        let result = frame::write_frame(&mut self.stream, req);
+        self.map_err(result)
+    }
+
+    /// The answer to the request [`Client::send`] sent.
+    pub fn receive(&mut self) -> Result<Response, ClientError> {
+        let result = frame::read_frame(&mut self.stream);
+        match self.map_err(result)? {
+            Response::Error { kind, message } => Err(ClientError::Refused { kind, message }),
+            resp => Ok(resp),
+        }
+    }
+
+    fn map_err<T>(&self, result: Result<T, FrameError>) -> Result<T, ClientError> {
         match result {
-            Ok(Response::Error { kind, message }) => Err(ClientError::Refused { kind, message }),
-            Ok(resp) => Ok(resp),
+            Ok(v) => Ok(v),
             Err(FrameError::Io(e))
                 if matches!(
                     e.kind(),

@@ -63,9 +63,39 @@ pub fn host_veth_name(prefix: &str, key: &AttachmentKey) -> String {
     name
 }
 
+/// Whether `name` is a host veth name aliasnet could have made with `prefix`
+/// ([`host_veth_name`]: the prefix and hex digits, 15 characters).
+pub fn is_host_veth_name(name: &str, prefix: &str) -> bool {
+    name.len() == 15
+        && name.starts_with(prefix)
+        && name[prefix.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// THE check of whether a host link is one of aliasnet's veths: a link of kind `kind` (its
+/// `IFLA_INFO_KIND`) named `name`. Whatever else carries such a name is not ours.
+pub fn is_host_veth(kind: Option<&str>, name: &str, prefix: &str) -> bool {
+    kind == Some("veth") && is_host_veth_name(name, prefix)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_names() {
+        let k = AttachmentKey::new("n", "c", "eth0");
+        let ours = host_veth_name("ali", &k);
+        assert!(is_host_veth_name(&ours, "ali"));
+        assert!(is_host_veth(Some("veth"), &ours, "ali"));
+        assert!(!is_host_veth(Some("bridge"), &ours, "ali"));
+        assert!(!is_host_veth(None, &ours, "ali"));
+        assert!(!is_host_veth_name("ali0123456789aG", "ali"));
+        assert!(!is_host_veth_name("ali0123", "ali"));
+        assert!(!is_host_veth_name("eth0", "ali"));
+        assert!(!is_host_veth_name("xyz0123456789ab", "ali"));
+    }
 
     #[test]
     fn veth_name_fits_ifnamsiz_and_is_stable() {

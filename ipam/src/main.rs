@@ -173,14 +173,10 @@ fn recover(path: &std::path::Path, opts: aliasnet_ipam::recover::Options) -> Res
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let report = rt.block_on(async {
-        let (conn, handle, _) = rtnetlink::new_connection().context("opening a netlink socket")?;
-        tokio::spawn(conn);
-        let routes = recover::kernel_routes(&handle, &config.host_veth_prefix)
-            .await
-            .map_err(recover::RecoverError::Kernel)?;
-        Ok::<_, anyhow::Error>(recover::recover(&config, routes, opts).await?)
-    })?;
+    let mut rtnl = aliasnet_netlink::Rtnl::new().context("opening a netlink socket")?;
+    let routes = recover::kernel_routes(&mut rtnl, &config.host_veth_prefix)
+        .map_err(recover::RecoverError::Kernel)?;
+    let report = rt.block_on(recover::recover(&config, routes, opts))?;
     let mut out = std::io::stdout().lock();
     if let Some(e) = &report.old_state_error {
         writeln!(out, "old state unusable: {e}")?;

@@ -20,22 +20,14 @@ use std::{
 
 use tokio::sync::watch;
 
-use crate::{lease::Field, service::Ipam};
+use aliasnet_ipam_proto::is_host_veth;
+
+use crate::{lease::Field, service::Ipam, teardown::LinksError};
 
 /// Leases read per lock acquisition (~50 us of work each).
 const PAGE: usize = 1024;
 /// Orphan names kept for Stats.
 const MAX_ORPHAN_NAMES: usize = 1000;
-
-/// Whether `name` is a host veth name aliasnet could have made with `prefix`
-/// ([`aliasnet_ipam_proto::host_veth_name`]: prefix + hex digits, 15 characters).
-pub fn is_ours(name: &str, prefix: &str) -> bool {
-    name.len() == 15
-        && name.starts_with(prefix)
-        && name[prefix.len()..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
 
 /// A lease whose veth stayed gone past the grace.
 struct Stale {
@@ -73,15 +65,15 @@ impl Reconciler {
     }
 
     /// One pass against the links the daemon's link remover lists.
-    pub async fn pass(&mut self) -> Result<PassReport, String> {
-        let links = self.ipam.remover().list().await?;
+    pub async fn pass(&mut self) -> Result<PassReport, LinksError> {
+        let links = crate::teardown::list(self.ipam.remover()).await?;
         let names: HashSet<&str> = links.iter().map(|l| l.name.as_str()).collect();
         let (prefix, pending) = self
             .ipam
             .with_state(|st| (st.veth_prefix().to_owned(), st.pending_teardowns()));
         let mut candidates: BTreeSet<&str> = links
             .iter()
-            .filter(|l| l.kind.as_deref() == Some("veth") && is_ours(&l.name, &prefix))
+            .filter(|l| is_host_veth(l.kind.as_deref(), &l.name, &prefix))
             .map(|l| l.name.as_str())
             .collect();
         for p in &pending {
@@ -200,14 +192,14 @@ pub async fn run(
         return;
     }
     let mut r = Reconciler::new(ipam, grace);
-    let mut last_error = None;
+    let mut last_error: Option<String> = None;
     loop {
         match r.pass().await {
             Ok(_) => last_error = None,
             // Said once per distinct error, not every pass.
-            Err(e) if last_error.as_ref() != Some(&e) => {
+            Err(e) if last_error.as_deref() != Some(&e.to_string()) => {
                 tracing::warn!(error = %e, "reconcile against the kernel failed; will retry");
-                last_error = Some(e);
+                last_error = Some(e.to_string());
             }
             Err(_) => {}
         }
@@ -215,23 +207,5 @@ pub async fn run(
             _ = tokio::time::sleep(interval) => {}
             _ = shutdown.wait_for(|s| *s) => return,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn our_names() {
-        let k = aliasnet_ipam_proto::AttachmentKey::new("n", "c", "eth0");
-        assert!(is_ours(
-            &aliasnet_ipam_proto::host_veth_name("ali", &k),
-            "ali"
-        ));
-        assert!(!is_ours("ali0123456789aG", "ali"));
-        assert!(!is_ours("ali0123", "ali"));
-        assert!(!is_ours("eth0", "ali"));
-        assert!(!is_ours("xyz0123456789ab", "ali"));
     }
 }

@@ -26,23 +26,18 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
-use aliasnet_ipam_proto::{recovered_key, Family, PodRef};
-use futures::TryStreamExt;
-use netlink_packet_route::{
-    link::LinkAttribute,
-    route::{RouteAddress, RouteAttribute, RouteHeader},
-};
+use aliasnet_ipam_proto::{is_host_veth, recovered_key, Family, PodRef};
+use aliasnet_netlink::{NetlinkError, Rtnl};
 
 use crate::{
     config::{Config, PoolSource, PoolSpec, Range6},
     imds,
     lease::{encode_data, ip_addr, Addr},
-    reconcile::is_ours,
     service::now_ms,
     store::{
         self,
@@ -63,7 +58,9 @@ pub enum RecoverError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("reading the kernel's links and routes: {0}")]
-    Kernel(String),
+    Kernel(#[from] NetlinkError),
+    #[error("the state could not be read: {0}")]
+    Task(#[from] tokio::task::JoinError),
     #[error("{what} {path}")]
     Io {
         what: &'static str,
@@ -141,56 +138,21 @@ pub struct Report {
 
 /// (address, host veth) of each IPv4 /32 and IPv6 /128 route in the main table through one of
 /// our veths, IPv4 first.
-pub async fn kernel_routes(
-    handle: &rtnetlink::Handle,
-    prefix: &str,
-) -> Result<Vec<(IpAddr, String)>, String> {
-    let mut links: HashMap<u32, String> = HashMap::new();
-    let mut s = handle.link().get().execute();
-    while let Some(m) = s.try_next().await.map_err(|e| e.to_string())? {
-        let veth = m.attributes.iter().any(|a| {
-            matches!(a, LinkAttribute::LinkInfo(i) if i.iter().any(|x| matches!(x,
-                netlink_packet_route::link::LinkInfo::Kind(k) if k.to_string() == "veth")))
-        });
-        let name = m.attributes.iter().find_map(|a| match a {
-            LinkAttribute::IfName(n) => Some(n.clone()),
-            _ => None,
-        });
-        if let Some(name) = name.filter(|n| veth && is_ours(n, prefix)) {
-            links.insert(m.header.index, name);
-        }
-    }
+pub fn kernel_routes(rtnl: &mut Rtnl, prefix: &str) -> Result<Vec<(IpAddr, String)>, NetlinkError> {
+    let links: HashMap<u32, String> = rtnl
+        .links()?
+        .into_iter()
+        .filter(|l| is_host_veth(l.kind.as_deref(), &l.name, prefix))
+        .map(|l| (l.index, l.name))
+        .collect();
     let mut out = Vec::new();
-    let v4 = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build();
-    let v6 = rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().build();
-    for (msg, host_len) in [(v4, 32), (v6, 128)] {
-        let mut s = handle.route().get(msg).execute();
-        while let Some(r) = s.try_next().await.map_err(|e| e.to_string())? {
-            if r.header.destination_prefix_length != host_len {
+    for family in aliasnet_netlink::Family::ALL {
+        for r in rtnl.routes(family)? {
+            if r.dst_len != family.host_len() || !r.in_main_table() {
                 continue;
             }
-            let table = r
-                .attributes
-                .iter()
-                .find_map(|a| match a {
-                    RouteAttribute::Table(t) => Some(*t),
-                    _ => None,
-                })
-                .unwrap_or(u32::from(r.header.table));
-            if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
-                continue;
-            }
-            let dst = r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
-                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
-                _ => None,
-            });
-            let oif = r.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Oif(i) => Some(*i),
-                _ => None,
-            });
-            if let (Some(dst), Some(name)) = (dst, oif.and_then(|i| links.get(&i))) {
-                out.push((dst, name.clone()));
+            if let Some(name) = r.oif.and_then(|i| links.get(&i)) {
+                out.push((r.dst, name.clone()));
             }
         }
     }
@@ -219,10 +181,7 @@ pub async fn recover(
     };
     if existed {
         let (d, l) = (dir.clone(), lock.clone());
-        match tokio::task::spawn_blocking(move || Store::open_locked(&d, l))
-            .await
-            .map_err(|e| RecoverError::Kernel(e.to_string()))?
-        {
+        match tokio::task::spawn_blocking(move || Store::open_locked(&d, l)).await? {
             Ok((_store, loaded)) => {
                 if !opts.force {
                     return Err(RecoverError::Healthy {

@@ -6,100 +6,43 @@
 
 mod common;
 
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    sync::Arc,
-    time::Duration,
-};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use aliasnet_ipam::{
     reconcile::Reconciler,
     recover::{self, kernel_routes, Options},
-    teardown::{link_exists, NetlinkRemover},
+    teardown::NetlinkRemover,
 };
 use aliasnet_ipam_proto::{Response, RECOVERED_NETWORK};
 use common::*;
-use futures::TryStreamExt;
-use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 
-async fn add_veth(handle: &rtnetlink::Handle, name: &str, peer: &str, routes: &[IpAddr]) {
-    handle
-        .link()
-        .add(LinkVeth::new(name, peer).build())
-        .execute()
-        .await
-        .unwrap_or_else(|e| panic!("creating veth {name}: {e}"));
+fn add_veth(name: &str, peer: &str, routes: &[IpAddr]) {
+    run_ip(&["link", "add", name, "type", "veth", "peer", "name", peer]);
     for n in [name, peer] {
-        handle
-            .link()
-            .set(LinkUnspec::new_with_name(n).up().build())
-            .execute()
-            .await
-            .unwrap();
+        run_ip(&["link", "set", n, "up"]);
     }
     for addr in routes {
-        let idx = handle
-            .link()
-            .get()
-            .match_name(name.to_owned())
-            .execute()
-            .try_next()
-            .await
-            .unwrap()
-            .unwrap()
-            .header
-            .index;
-        let msg = match *addr {
-            IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(a, 32)
-                .output_interface(idx)
-                .build(),
-            IpAddr::V6(a) => RouteMessageBuilder::<Ipv6Addr>::new()
-                .destination_prefix(a, 128)
-                .output_interface(idx)
-                .build(),
+        let dst = match addr {
+            IpAddr::V4(_) => format!("{addr}/32"),
+            IpAddr::V6(_) => format!("{addr}/128"),
         };
-        handle
-            .route()
-            .add(msg)
-            .execute()
-            .await
-            .unwrap_or_else(|e| panic!("route {addr} dev {name}: {e}"));
+        run_ip(&["route", "add", &dst, "dev", name]);
     }
 }
 
 async fn scenario() {
     let remover = Arc::new(NetlinkRemover::new().expect("netlink socket"));
-    let handle = remover.handle().clone();
     let v1 = v("p1");
     let v2 = v("p2");
     let orphan = v("gone");
     // Dual-stack pods: a /32 and a /128 through each host veth.
-    add_veth(
-        &handle,
-        &v1,
-        "pod1",
-        &[ip("10.240.0.11"), ip("fd00:240::b")],
-    )
-    .await;
-    add_veth(
-        &handle,
-        &v2,
-        "pod2",
-        &[ip("10.240.0.12"), ip("fd00:240::c")],
-    )
-    .await;
-    add_veth(&handle, &orphan, "pod3", &[]).await;
+    add_veth(&v1, "pod1", &[ip("10.240.0.11"), ip("fd00:240::b")]);
+    add_veth(&v2, "pod2", &[ip("10.240.0.12"), ip("fd00:240::c")]);
+    add_veth(&orphan, "pod3", &[]);
     // Not ours: ignored by recovery and reconcile alike.
-    add_veth(
-        &handle,
-        "other0",
-        "other0p",
-        &[ip("10.240.0.13"), ip("fd00:240::d")],
-    )
-    .await;
+    add_veth("other0", "other0p", &[ip("10.240.0.13"), ip("fd00:240::d")]);
 
-    let routes = kernel_routes(&handle, "ali").await.unwrap();
+    let routes = remover.with(|r| kernel_routes(r, "ali")).unwrap();
     assert_eq!(
         routes,
         vec![
@@ -139,24 +82,7 @@ async fn scenario() {
     assert_eq!(rep.orphans, vec![orphan.clone()]);
 
     // The pod behind v1 vanished (its netns went, taking the veth pair with it).
-    handle
-        .link()
-        .del(
-            handle
-                .link()
-                .get()
-                .match_name(v1.clone())
-                .execute()
-                .try_next()
-                .await
-                .unwrap()
-                .unwrap()
-                .header
-                .index,
-        )
-        .execute()
-        .await
-        .unwrap();
+    run_ip(&["link", "del", &v1]);
     let rep = r.pass().await.unwrap();
     let mut released = rep.released.clone();
     released.sort();
@@ -177,7 +103,7 @@ async fn scenario() {
         }
     );
     eventually(5, "v2 to be deleted", || async {
-        (!link_exists(&handle, &v2).await.unwrap()).then_some(())
+        (!link_exists(&v2)).then_some(())
     })
     .await;
     assert!(list(&socket).await.is_empty());

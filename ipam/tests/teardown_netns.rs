@@ -5,31 +5,33 @@ mod common;
 
 use std::{sync::Arc, time::Duration};
 
-use aliasnet_ipam::teardown::{link_exists, NetlinkRemover};
+use aliasnet_ipam::teardown::NetlinkRemover;
 use aliasnet_ipam_proto::{Attachment, ClientError, ErrorKind, Request, Response};
 use common::*;
-use rtnetlink::{LinkBridge, LinkVeth};
 
 /// The peer of host veth `name` (15 characters at most, like every link name).
 fn peer(name: &str) -> String {
     format!("pe{}", &name[name.len().saturating_sub(12)..])
 }
 
-async fn add_veth(handle: &rtnetlink::Handle, name: &str) {
-    handle
-        .link()
-        .add(LinkVeth::new(name, &peer(name)).build())
-        .execute()
-        .await
-        .unwrap_or_else(|e| panic!("creating veth {name}: {e}"));
-    assert!(link_exists(handle, name).await.unwrap());
+fn add_veth(name: &str) {
+    run_ip(&[
+        "link",
+        "add",
+        name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer(name),
+    ]);
+    assert!(link_exists(name));
 }
 
 async fn scenario() {
     let remover = Arc::new(NetlinkRemover::new().expect("netlink socket"));
-    let handle = remover.handle().clone();
     let (old, gc0) = (v("old"), v("gc1"));
-    add_veth(&handle, &old).await;
+    add_veth(&old);
 
     // One address, no cooldown: only the teardown stands between release and reuse.
     let env = Env::new("cooldown = \"0s\"", "ips = [\"10.240.0.7\"]");
@@ -47,13 +49,10 @@ async fn scenario() {
     let new = allocate(&socket, "new").await;
     assert_eq!(new.address.to_string(), "10.240.0.7");
     assert!(
-        !link_exists(&handle, &old).await.unwrap(),
+        !link_exists(&old),
         "address reused while its old veth still existed"
     );
-    assert!(
-        !link_exists(&handle, &peer(&old)).await.unwrap(),
-        "peer gone too"
-    );
+    assert!(!link_exists(&peer(&old)), "peer gone too");
 
     // A link that does not exist is fine.
     let r = release(&socket, "new", Some(v("new"))).await;
@@ -63,7 +62,7 @@ async fn scenario() {
     );
 
     // GC tears down the host veth of what it releases.
-    add_veth(&handle, &gc0).await;
+    add_veth(&gc0);
     let r = call(&socket, alloc_req("gc1", Some(&gc0))).await.unwrap();
     assert!(matches!(r, Response::Allocated { .. }), "{r:?}");
     let r = call(
@@ -80,13 +79,13 @@ async fn scenario() {
         "{r:?}"
     );
     allocate(&socket, "after").await;
-    assert!(!link_exists(&handle, &gc0).await.unwrap());
+    assert!(!link_exists(&gc0));
 
     d.shutdown().await;
 }
 
-async fn add(handle: &rtnetlink::Handle, msg: netlink_packet_route::link::LinkMessage) {
-    handle.link().add(msg).execute().await.unwrap();
+fn add_bridge(name: &str) {
+    run_ip(&["link", "add", name, "type", "bridge"]);
 }
 
 fn refused(r: Result<Response, ClientError>, what: &str) -> String {
@@ -105,16 +104,15 @@ fn refused(r: Result<Response, ClientError>, what: &str) -> String {
 /// lease's own name is released but kept.
 async fn attacks() {
     let remover = Arc::new(NetlinkRemover::new().expect("netlink socket"));
-    let handle = remover.handle().clone();
     for c in ["mine", "other", "nolease"] {
-        add_veth(&handle, &v(c)).await;
+        add_veth(&v(c));
     }
-    add(&handle, LinkBridge::new("eth0").build()).await;
-    add(&handle, LinkBridge::new("kube-ipvs0").build()).await;
-    add(&handle, LinkBridge::new("cni0").build()).await;
+    add_bridge("eth0");
+    add_bridge("kube-ipvs0");
+    add_bridge("cni0");
     // Links of other kinds that were given a pod's veth name.
-    add(&handle, LinkBridge::new(&v("bridged")).build()).await;
-    add(&handle, LinkBridge::new(&v("gcd")).build()).await;
+    add_bridge(&v("bridged"));
+    add_bridge(&v("gcd"));
     let foreign = [
         "eth0".to_owned(),
         "kube-ipvs0".into(),
@@ -195,7 +193,7 @@ async fn attacks() {
         "{r:?}"
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while link_exists(&handle, &v("mine")).await.unwrap() {
+    while link_exists(&v("mine")) {
         assert!(
             std::time::Instant::now() < deadline,
             "own veth never deleted"
@@ -207,7 +205,7 @@ async fn attacks() {
         .iter()
         .chain([&v("bridged"), &v("gcd"), &v("nolease")])
     {
-        assert!(link_exists(&handle, l).await.unwrap(), "{l} was deleted");
+        assert!(link_exists(l), "{l} was deleted");
     }
     d.shutdown().await;
 }

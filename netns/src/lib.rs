@@ -241,17 +241,42 @@ impl NetNs {
 
     /// Runs `f` on a fresh thread inside this namespace; the thread exits afterwards.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                setns(self.file.as_fd()).map_err(|source| NetnsError::Enter {
-                    path: self.path.clone(),
-                    source,
-                })?;
-                Ok(f())
-            })
+        std::thread::scope(|s| self.spawn(s, f).join())
+    }
+
+    /// Starts `f` on a fresh thread of `scope` inside this namespace, for the caller to work
+    /// meanwhile and [`Spawned::join`] it later; the thread exits when `f` returns.
+    pub fn spawn<'scope, T: Send + 'scope>(
+        &'scope self,
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        f: impl FnOnce() -> T + Send + 'scope,
+    ) -> Spawned<'scope, T> {
+        let handle = scope.spawn(move || {
+            setns(self.file.as_fd()).map_err(|source| NetnsError::Enter {
+                path: self.path.clone(),
+                source,
+            })?;
+            Ok(f())
+        });
+        Spawned {
+            handle,
+            path: &self.path,
+        }
+    }
+}
+
+/// Work running inside a namespace ([`NetNs::spawn`]).
+pub struct Spawned<'scope, T> {
+    handle: std::thread::ScopedJoinHandle<'scope, Result<T, NetnsError>>,
+    path: &'scope Path,
+}
+
+impl<T> Spawned<'_, T> {
+    /// Waits for the work's result.
+    pub fn join(self) -> Result<T, NetnsError> {
+        self.handle
             .join()
-            .map_err(|_| NetnsError::Panicked(self.path.clone()))?
-        })
+            .map_err(|_| NetnsError::Panicked(self.path.to_owned()))?
     }
 }
 

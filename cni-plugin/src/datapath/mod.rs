@@ -6,74 +6,21 @@
 //! namespace (the plugin's own) with bpffs visible.
 
 use std::{
-    collections::BTreeMap,
     net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
 };
 
-use aliasnet_cni_types::{code, AttachEnv, CniArgs, CniError, DatapathMode, NetConf};
-use aliasnet_ebpf::{
-    abi,
-    limits::{ANNOTATION_EGRESS, ANNOTATION_INGRESS, ANNOTATION_INTERNET_EGRESS},
-    CniBandwidth, Datapath, DatapathError, Limits, PodAttachment, PodIdentity, PodRecord, Teardown,
+use aliasnet_cni_types::{
+    code, limits::Requested, AttachEnv, CniArgs, CniError, DatapathMode, Limits, NetConf,
 };
-
-/// What a pod asks for: validated limits and, if any, the field the first one came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Requested {
-    pub limits: Limits,
-    /// Where the first requested limit comes from (for "we cannot honour it" errors).
-    pub field: Option<&'static str>,
-}
-
-impl Requested {
-    pub fn any(&self) -> bool {
-        self.field.is_some()
-    }
-}
-
-/// One direction of `runtimeConfig.bandwidth`. containerd (go-cni's `BandWidth`, no
-/// `omitempty`) sends rate 0 with burst 0 for a direction the pod does not limit, so exactly
-/// that pair means "unset". Any other zero rate is a request we reject (code 7).
-fn direction(rate: Option<u64>, burst: Option<u64>) -> (Option<u64>, Option<u64>) {
-    match (rate, burst) {
-        (Some(0), Some(0)) => (None, None),
-        other => other,
-    }
-}
+use aliasnet_ebpf::{
+    abi, Datapath, DatapathError, PodAttachment, PodIdentity, PodRecord, Teardown,
+};
 
 /// The limits in `runtimeConfig.bandwidth` and the pod annotations, validated: a bad value is
 /// code 7 naming the field.
 pub fn requested(conf: &NetConf) -> Result<Requested, CniError> {
-    let rc = &conf.runtime_config;
-    let bw = rc.bandwidth.unwrap_or_default();
-    let (ingress_rate, ingress_burst) = direction(bw.ingress_rate, bw.ingress_burst);
-    let (egress_rate, egress_burst) = direction(bw.egress_rate, bw.egress_burst);
-    let cni = CniBandwidth {
-        ingress_rate,
-        ingress_burst,
-        egress_rate,
-        egress_burst,
-    };
-    let limits = Limits::from_cni(cni, &rc.pod_annotations)
-        .map_err(|e| CniError::config(&e.field, e.reason))?;
-    Ok(Requested {
-        limits,
-        field: first_limit_field(&cni, &rc.pod_annotations),
-    })
-}
-
-fn first_limit_field(
-    bw: &CniBandwidth,
-    annotations: &BTreeMap<String, String>,
-) -> Option<&'static str> {
-    let ann = |k: &'static str| annotations.contains_key(k).then_some(k);
-    bw.ingress_rate
-        .map(|_| "runtimeConfig.bandwidth.ingressRate")
-        .or_else(|| bw.egress_rate.map(|_| "runtimeConfig.bandwidth.egressRate"))
-        .or_else(|| ann(ANNOTATION_INGRESS))
-        .or_else(|| ann(ANNOTATION_EGRESS))
-        .or_else(|| ann(ANNOTATION_INTERNET_EGRESS))
+    Limits::requested(&conf.runtime_config).map_err(|e| CniError::config(&e.field, e.reason))
 }
 
 fn not_initialised(conf: &NetConf) -> String {
@@ -308,7 +255,7 @@ pub fn check(
         ));
     }
     if rec.ipv4() != ipv4 || rec.ipv6() != ipv6 {
-        let want = crate::wiring::describe(
+        let want = crate::plan::describe(
             &ipv4
                 .map(std::net::IpAddr::V4)
                 .into_iter()

@@ -1,4 +1,7 @@
-use aliasnet_cni_types::NetConf;
+use aliasnet_cni_types::{
+    limits::{ANNOTATION_EGRESS, ANNOTATION_INTERNET_EGRESS},
+    NetConf,
+};
 use serde_json::json;
 
 use super::*;

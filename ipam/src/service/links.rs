@@ -4,7 +4,7 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::teardown::{LinkRemover, Removed};
+use crate::teardown::{self, LinkRemover, Removed};
 
 use super::*;
 
@@ -25,7 +25,7 @@ pub(super) async fn teardown_loop(
                 let (remover, limit, done) = (remover.clone(), limit.clone(), done_tx.clone());
                 tokio::spawn(async move {
                     let _permit = limit.acquire().await;
-                    remove_with_retries(&*remover, &link).await;
+                    remove_with_retries(remover, &link).await;
                     let _ = done.send(link);
                 });
             }
@@ -39,10 +39,10 @@ pub(super) async fn teardown_loop(
     }
 }
 
-async fn remove_with_retries(remover: &dyn LinkRemover, link: &str) {
+async fn remove_with_retries(remover: Arc<dyn LinkRemover>, link: &str) {
     let mut delay = Duration::from_millis(100);
     for attempt in 1..=TEARDOWN_ATTEMPTS {
-        match remover.remove(link).await {
+        match teardown::remove(remover.clone(), link).await {
             Ok(Removed::Deleted) => {
                 tracing::debug!(link, "deleted host link");
                 return;

@@ -455,9 +455,7 @@ impl Ipam {
         // (without the lock), and release none of them if it cannot say.
         let has_recovered = self.shared.lock().has_recovered();
         let links: Option<HashSet<String>> = if has_recovered {
-            self.shared
-                .remover
-                .list()
+            crate::teardown::list(&self.shared.remover)
                 .await
                 .ok()
                 .map(|v| v.into_iter().map(|l| l.name).collect())

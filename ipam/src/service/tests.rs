@@ -5,13 +5,13 @@ use aliasnet_ipam_proto::PodRef;
 use super::*;
 use crate::{
     config::Config,
-    teardown::{RemoveFuture, Removed},
+    teardown::{LinksError, Removed},
 };
 
 struct NoLinks;
 impl LinkRemover for NoLinks {
-    fn remove<'a>(&'a self, _: &'a str) -> RemoveFuture<'a> {
-        Box::pin(async { Ok(Removed::NotFound) })
+    fn remove(&self, _: &str) -> Result<Removed, LinksError> {
+        Ok(Removed::NotFound)
     }
 }
 

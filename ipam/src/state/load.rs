@@ -2,9 +2,9 @@
 
 use std::collections::HashSet;
 
-use aliasnet_ipam_proto::{Lease, RECOVERED_NETWORK};
+use aliasnet_ipam_proto::{is_host_veth_name, Lease, RECOVERED_NETWORK};
 
-use crate::{config::Config, lease::Addr, reconcile::is_ours, store::Loaded};
+use crate::{config::Config, lease::Addr, store::Loaded};
 
 use super::{
     ms,
@@ -150,7 +150,8 @@ impl State {
             // A link a live lease uses again was already deleted and re-created: keep it.
             // A name that is not ours (written by an older daemon that deleted whatever a
             // request named) is never deleted.
-            let link = link.filter(|l| !live_veths.contains(&**l) && is_ours(l, &st.veth_prefix));
+            let link = link
+                .filter(|l| !live_veths.contains(&**l) && is_host_veth_name(l, &st.veth_prefix));
             // A clock that went backwards must not stretch the cooldown without bound.
             let at = at.min(now_ms);
             if let Some(q) = st.locate6(addr) {

@@ -2,11 +2,12 @@
 
 use std::collections::HashSet;
 
-use aliasnet_ipam_proto::{host_veth_name, Attachment, AttachmentKey, Lease, RECOVERED_NETWORK};
+use aliasnet_ipam_proto::{
+    host_veth_name, is_host_veth_name, Attachment, AttachmentKey, Lease, RECOVERED_NETWORK,
+};
 
 use crate::{
     lease::{addr_ip, encode_key, validate_ifname, validate_key, Addr, LeaseState},
-    reconcile::is_ours,
     store::record::{Record, ReleaseRec},
 };
 
@@ -111,7 +112,7 @@ impl State {
     /// Whether `link` is lease `id`'s own host veth: named like ours, and the one recorded for
     /// it (or, for a lease recorded without one, the name its key hashes to).
     fn link_is_leases(&self, id: u32, link: &str) -> bool {
-        if !is_ours(link, &self.veth_prefix) {
+        if !is_host_veth_name(link, &self.veth_prefix) {
             return false;
         }
         let e = self.leases.get(id);
@@ -138,7 +139,11 @@ impl State {
         let prefix = &self.veth_prefix;
         let teardown = teardown.map(Box::<str>::from).or_else(|| {
             e.network_is(RECOVERED_NETWORK)
-                .then(|| e.host_veth().filter(|v| is_ours(v, prefix)).map(Into::into))
+                .then(|| {
+                    e.host_veth()
+                        .filter(|v| is_host_veth_name(v, prefix))
+                        .map(Into::into)
+                })
                 .flatten()
         });
         Ok(ReleaseStep::Fresh {
@@ -244,7 +249,7 @@ impl State {
                 released_at_ms: now_ms,
                 teardown: e
                     .host_veth()
-                    .filter(|v| is_ours(v, &self.veth_prefix))
+                    .filter(|v| is_host_veth_name(v, &self.veth_prefix))
                     .map(Into::into),
             });
             out.push((record, lease));

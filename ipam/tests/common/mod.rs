@@ -12,7 +12,7 @@ use std::{
 use aliasnet_ipam::{
     config::Config,
     daemon::Daemon,
-    teardown::{LinkInfo, LinkRemover, ListFuture, RemoveFuture, Removed},
+    teardown::{Link, LinkRemover, LinksError, Removed},
 };
 use aliasnet_ipam_proto::{AttachmentKey, Client, ClientError, Lease, PodRef, Request, Response};
 
@@ -67,33 +67,31 @@ impl Recorder {
 }
 
 impl LinkRemover for Recorder {
-    fn list(&self) -> ListFuture<'_> {
-        Box::pin(async move {
-            match &*self.links.lock().unwrap() {
-                Some(l) => Ok(l
-                    .iter()
-                    .map(|n| LinkInfo {
-                        name: n.clone(),
-                        kind: Some("veth".into()),
-                    })
-                    .collect()),
-                None => Err("this recorder does not list links".into()),
-            }
-        })
+    fn list(&self) -> Result<Vec<Link>, LinksError> {
+        match &*self.links.lock().unwrap() {
+            Some(l) => Ok(l
+                .iter()
+                .map(|n| Link {
+                    name: n.clone(),
+                    kind: Some("veth".into()),
+                    ..Link::default()
+                })
+                .collect()),
+            None => Err(LinksError::CannotList),
+        }
     }
 
-    fn remove<'a>(&'a self, name: &'a str) -> RemoveFuture<'a> {
-        Box::pin(async move {
-            tokio::time::sleep(self.delay).await;
-            if let Some(l) = &mut *self.links.lock().unwrap() {
-                l.retain(|n| n != name);
-            }
-            self.removed
-                .lock()
-                .unwrap()
-                .push((name.to_owned(), Instant::now()));
-            Ok(Removed::Deleted)
-        })
+    fn remove(&self, name: &str) -> Result<Removed, LinksError> {
+        // The blocking pool's thread, as the daemon's netlink call would block it.
+        std::thread::sleep(self.delay);
+        if let Some(l) = &mut *self.links.lock().unwrap() {
+            l.retain(|n| n != name);
+        }
+        self.removed
+            .lock()
+            .unwrap()
+            .push((name.to_owned(), Instant::now()));
+        Ok(Removed::Deleted)
     }
 }
 
@@ -265,6 +263,29 @@ pub fn in_own_netns<F: std::future::Future<Output = ()> + 'static>(f: fn() -> F)
     })
     .join()
     .expect("scenario passed");
+}
+
+/// `ip ARGS` in the calling thread's network namespace (a child inherits it); panics naming
+/// the command when it fails.
+pub fn run_ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether a link named `name` exists in the calling thread's network namespace.
+pub fn link_exists(name: &str) -> bool {
+    aliasnet_netlink::Rtnl::new()
+        .and_then(|mut r| r.link_by_name(name))
+        .expect("look up a link")
+        .is_some()
 }
 
 /// A plain HTTP/1.1 request to `addr`; returns (status, body). `raw` is sent as is.

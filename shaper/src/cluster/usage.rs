@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use aliasnet_budget::{BudgetKey, NodeBudgets, Usage};
 use aliasnet_ebpf::{
     abi::{self, Class, PodCounters},
-    netlink::TcStats,
     Datapath, DatapathError, NodePolicy, INTERNET,
 };
+use aliasnet_netlink::TcStats;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use aliasnet_ebpf::{
     abi::{self, Direction, PodCounters},
-    netlink::{Rtnl, TcStats},
     Datapath, DatapathError,
 };
+use aliasnet_netlink::{Rtnl, TcStats};
 use aliasnet_netns::NetNs;
 
 /// A pod's own effective limits in bit/s, by direction and kind (0 = unlimited).

@@ -9,8 +9,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
 };
 
-use super::{NetlinkError, Rtnl};
-use crate::shape::Shape;
+use crate::{NetlinkError, Rtnl};
 
 // linux/pkt_sched.h
 const TCA_OPTIONS: u16 = 2;
@@ -35,17 +34,42 @@ pub const fn handle(major: u16, minor: u16) -> u32 {
     ((major as u32) << 16) | minor as u32
 }
 
-/// One HTB class to create or change.
+/// One rate as HTB takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HtbClass {
+pub struct HtbRate {
+    /// bit/s
+    pub rate: u64,
+    /// bytes the class may send at once above the rate
+    pub burst_bytes: u64,
+}
+
+/// One HTB class to create or change, in the kernel's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HtbClassOptions {
     pub classid: u32,
     pub parent: u32,
     /// Guaranteed rate and its burst.
-    pub rate: Shape,
+    pub rate: HtbRate,
     /// Ceiling (borrowing limit) and its burst; equal to `rate` for a hard limit.
-    pub ceil: Shape,
+    pub ceil: HtbRate,
+    /// Bytes a class sends per round when siblings borrow (DRR quantum).
+    pub quantum: u32,
     /// HTB priority among siblings (0 is served first).
     pub prio: u32,
+}
+
+/// A tbf qdisc, in the kernel's terms: a bucket of `bucket_bytes` refilled at `rate`, a peak
+/// bucket of `peak_bucket_bytes` (larger GSO skbs are segmented) refilled at `peak_rate`, and a
+/// queue of `limit_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TbfOptions {
+    /// bit/s
+    pub rate: u64,
+    /// bit/s
+    pub peak_rate: u64,
+    pub bucket_bytes: u64,
+    pub peak_bucket_bytes: u64,
+    pub limit_bytes: u64,
 }
 
 /// What sits at the root of a device.
@@ -80,28 +104,15 @@ fn ticks(bytes: u64, bytes_per_sec: u64) -> u32 {
     (ns / NS_PER_TICK).min(u128::from(u32::MAX)) as u32
 }
 
-fn htb_class_options(c: &HtbClass) -> Vec<u8> {
+fn htb_class_options(c: &HtbClassOptions) -> Vec<u8> {
     let rate = (c.rate.rate / 8).max(1);
     let ceil = (c.ceil.rate / 8).max(1);
-    // The DRR quantum used when siblings borrow: ~1/10 s of rate within HTB's sane range
-    // (setting it avoids the kernel's "quantum is big/small" warnings), and at least the
-    // largest packet the class's leaf hands HTB (a frame, or a GRO aggregate up to the tbf
-    // leaf's peak bucket). HTB sends one packet per round whatever its deficit, so with a
-    // smaller quantum siblings share by packets, not bytes: a pod whose aggregates are two
-    // jumbo frames got twice the share of one whose are one.
-    let largest = c
-        .ceil
-        .frame
-        .max(c.rate.frame)
-        .max(c.ceil.leaf_burst_bytes)
-        .max(c.rate.leaf_burst_bytes);
-    let quantum = (rate / 10).clamp(1600.max(largest), 200_000.max(largest)) as u32;
     let mut parms = Vec::with_capacity(44);
     parms.extend_from_slice(&ratespec(rate));
     parms.extend_from_slice(&ratespec(ceil));
     parms.extend_from_slice(&ticks(c.rate.burst_bytes, rate).to_ne_bytes());
     parms.extend_from_slice(&ticks(c.ceil.burst_bytes, ceil).to_ne_bytes());
-    parms.extend_from_slice(&quantum.to_ne_bytes());
+    parms.extend_from_slice(&c.quantum.to_ne_bytes());
     parms.extend_from_slice(&0u32.to_ne_bytes()); // level
     parms.extend_from_slice(&c.prio.to_ne_bytes());
     let mut opts = nla(TCA_HTB_PARMS, &parms);
@@ -201,7 +212,11 @@ impl Rtnl {
     }
 
     /// Creates or changes an HTB class.
-    pub fn set_htb_class(&mut self, ifindex: u32, class: &HtbClass) -> Result<(), NetlinkError> {
+    pub fn put_htb_class(
+        &mut self,
+        ifindex: u32,
+        class: &HtbClassOptions,
+    ) -> Result<(), NetlinkError> {
         let mut m = tc_message(ifindex, class.classid, class.parent);
         m.attributes.push(TcAttribute::Kind("htb".to_owned()));
         m.attributes.push(TcAttribute::Other(DefaultNla::new(
@@ -239,21 +254,19 @@ impl Rtnl {
         )
     }
 
-    /// Puts a tbf under `parent` (an HTB leaf): a bucket of `leaf_bucket_bytes` refilled at
-    /// `leaf_rate`, a peak bucket of `leaf_burst_bytes` (larger GSO skbs are segmented)
-    /// refilled at `leaf_peak_rate`, and a queue of `queue_bytes`.
-    pub fn set_tbf(
+    /// Puts a tbf under `parent` (an HTB leaf).
+    pub fn put_tbf(
         &mut self,
         ifindex: u32,
         parent: u32,
         qdisc_handle: u32,
-        shape: &Shape,
+        tbf: &TbfOptions,
     ) -> Result<(), NetlinkError> {
-        let rate = (shape.leaf_rate / 8).max(1);
-        let peak = (shape.leaf_peak_rate / 8).max(rate + 1);
-        let bucket = shape.leaf_bucket_bytes.min(u64::from(u32::MAX)) as u32;
-        let pburst = shape.leaf_burst_bytes.min(u64::from(u32::MAX)) as u32;
-        let limit = shape.queue_bytes.min(u64::from(u32::MAX)) as u32;
+        let rate = (tbf.rate / 8).max(1);
+        let peak = (tbf.peak_rate / 8).max(rate + 1);
+        let bucket = tbf.bucket_bytes.min(u64::from(u32::MAX)) as u32;
+        let pburst = tbf.peak_bucket_bytes.min(u64::from(u32::MAX)) as u32;
+        let limit = tbf.limit_bytes.min(u64::from(u32::MAX)) as u32;
         // struct tc_tbf_qopt { rate, peakrate, limit, buffer, mtu }
         let mut parms = Vec::with_capacity(36);
         parms.extend_from_slice(&ratespec(rate));
@@ -375,11 +388,16 @@ mod tests {
 
     #[test]
     fn htb_class_options_layout() {
-        let c = HtbClass {
+        let ten_mbit = HtbRate {
+            rate: 10_000_000,
+            burst_bytes: 12_500,
+        };
+        let c = HtbClassOptions {
             classid: handle(1, 0x10),
             parent: handle(1, 0),
-            rate: Shape::new(10_000_000, None, 1514),
-            ceil: Shape::new(10_000_000, None, 1514),
+            rate: ten_mbit,
+            ceil: ten_mbit,
+            quantum: 125_000,
             prio: 1,
         };
         let o = htb_class_options(&c);
@@ -404,37 +422,16 @@ mod tests {
         );
         assert_eq!(u32::from_ne_bytes(parms[40..44].try_into().unwrap()), 1);
 
-        // A slow class's DRR quantum holds the largest packet its tbf leaf passes whole: a GRO
-        // aggregate of two of its device's frames.
-        let slow = Shape::new(100_000, None, 9014);
-        let o = htb_class_options(&HtbClass {
-            rate: slow,
-            ceil: slow,
-            ..c
-        });
-        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 2 * 9014);
-        // So does a pod's leaf in an aggregate (a token guarantee, the group's ceiling): its
-        // siblings share by bytes, not by packets, whatever their aggregates' sizes.
-        let o = htb_class_options(&HtbClass {
-            rate: Shape::new(1_000, None, 9014),
-            ceil: Shape::new(100_000_000, None, 9014),
-            ..c
-        });
-        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 2 * 9014);
-        let o = htb_class_options(&HtbClass {
-            rate: Shape::new(1_000, None, 1514),
-            ceil: Shape::new(1_000_000_000, None, 1514),
-            ..c
-        });
-        assert_eq!(u32::from_ne_bytes(o[36..40].try_into().unwrap()), 125_000);
-
         // Above 34 Gbit/s the rates need the 64-bit attributes.
-        let fast = HtbClass {
-            rate: Shape::new(100_000_000_000, None, 1514),
-            ceil: Shape::new(100_000_000_000, None, 1514),
-            ..c
+        let fast = HtbRate {
+            rate: 100_000_000_000,
+            burst_bytes: 125_000_000,
         };
-        let o = htb_class_options(&fast);
+        let o = htb_class_options(&HtbClassOptions {
+            rate: fast,
+            ceil: fast,
+            ..c
+        });
         assert_eq!(o.len(), 48 + 12 + 12);
         assert_eq!(u16::from_ne_bytes([o[50], o[51]]), TCA_HTB_RATE64);
         assert_eq!(

@@ -1,5 +1,5 @@
 //! Per-pod program attachment: a clsact qdisc and cls_bpf direct-action filters, over the
-//! same synchronous rtnetlink socket as the HTB code ([`Rtnl`]).
+//! same socket as the HTB code ([`Rtnl`]).
 //!
 //! # Why not TCX for per-pod hooks
 //!
@@ -51,7 +51,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
 };
 
-use super::{tc::NLA_F_NESTED, NetlinkError, Rtnl};
+use crate::{tc::NLA_F_NESTED, NetlinkError, Rtnl};
 
 /// Priority of our filters on every per-pod hook (lower runs first; 1 is the first).
 pub const FILTER_PRIO: u16 = 1;
@@ -187,7 +187,7 @@ pub fn open_pinned(path: &Path) -> io::Result<OwnedFd> {
 
 /// Errors that mean "there is nothing of ours there": no such filter (`ENOENT`), no clsact
 /// qdisc to hold one (`EINVAL`, "Parent Qdisc doesn't exists"), or no device (`ENODEV`).
-pub(crate) fn is_absent(e: &NetlinkError) -> bool {
+pub fn is_absent(e: &NetlinkError) -> bool {
     matches!(e.errno(), Some(libc::ENOENT | libc::EINVAL | libc::ENODEV))
 }
 

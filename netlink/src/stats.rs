@@ -7,7 +7,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
 };
 
-use super::{
+use crate::{
     tc::{
         NLA_F_NESTED, NS_PER_TICK, TCA_HTB_CEIL64, TCA_HTB_PARMS, TCA_HTB_RATE64, TCA_TBF_PARMS,
         TCA_TBF_PRATE64, TCA_TBF_RATE64,
