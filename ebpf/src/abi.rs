@@ -5,7 +5,8 @@
 //! compares every field offset with the compiled object's BTF, and [`MAPS`] with its map
 //! definitions. `tests/headers.rs` checks the constants and sizes against the header text.
 //!
-//! [`ABI_VERSION`] covers everything here: the structs, [`MAPS`] and [`POD_KEYS`], the values
+//! [`ABI_VERSION`] covers everything here: the structs, [`MAPS`], [`POD_KEYS`] and
+//! [`CLASS_BASE`], the values
 //! stored in them and the HTB class ids. Tuning constants live in [`crate::tuning`] and are
 //! not covered.
 
@@ -730,6 +731,22 @@ impl Default for ClassName {
     }
 }
 
+/// What a pod had counted in each named class, by direction, when the class's index last
+/// passed to another class: the counters of the class now at that index are the pod's minus
+/// these (`an_class_base`, userspace only).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassBase {
+    pub dir: [[Counter; MAX_NAMED]; NR_DIRS],
+}
+const _: () = assert!(core::mem::size_of::<ClassBase>() == 1024);
+
+impl Default for ClassBase {
+    fn default() -> Self {
+        zeroed()
+    }
+}
+
 /// A zeroed value of a map type (every field an integer or byte array: all zero is valid).
 fn zeroed<T: aya::Pod>() -> T {
     // SAFETY: `aya::Pod` types are plain old data, for which all-zero bytes are a valid value.
@@ -754,6 +771,7 @@ unsafe impl aya::Pod for NsPolicy {}
 unsafe impl aya::Pod for Rates {}
 unsafe impl aya::Pod for Entity {}
 unsafe impl aya::Pod for ClassName {}
+unsafe impl aya::Pod for ClassBase {}
 unsafe impl aya::Pod for VQueue {}
 unsafe impl aya::Pod for Flow {}
 unsafe impl aya::Pod for ConnKey {}
@@ -835,6 +853,10 @@ pub const MAPS: [MapDef; 16] = [
 /// [`MAPS`]; the programs never read it.
 pub const POD_KEYS: MapDef = def::<PodKey, u32>("an_pod_keys", MapType::Hash, MAX_PODS, 0);
 
+/// Slot -> [`ClassBase`] of the pods attached when a named class's index was reused:
+/// userspace creates and pins it next to [`MAPS`]; the programs never read it.
+pub const CLASS_BASE: MapDef = def::<u32, ClassBase>("an_class_base", MapType::Hash, MAX_PODS, 0);
+
 /// Copies `s` into a NUL-padded fixed buffer; `None` if it does not fit with a trailing NUL.
 pub fn fixed_str<const N: usize>(s: &str) -> Option<[u8; N]> {
     let b = s.as_bytes();
@@ -870,6 +892,7 @@ mod tests {
         let names: Vec<&str> = MAPS.iter().map(|m| m.name).collect();
         assert_eq!(names, maps::ALL);
         assert!(!maps::ALL.contains(&POD_KEYS.name));
+        assert!(!maps::ALL.contains(&CLASS_BASE.name));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! file is the daemon's business; this takes the result ([`NodePolicy`]).
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     hash::{Hash, Hasher},
 };
 
@@ -15,7 +15,7 @@ use tracing::warn;
 use crate::{
     abi::{self, Direction},
     aggregate::devices,
-    datapath::{install::attach_pinned, is_not_found, Datapath},
+    datapath::{classes::ClassIndex, install::attach_pinned, is_not_found, Datapath},
     error::DatapathError,
     maps,
     netlink::Rtnl,
@@ -186,65 +186,6 @@ impl Datapath {
         Ok(stale.len() + stale6.len())
     }
 
-    /// The index of every named class of `classes`: a class keeps the index it has (so its
-    /// counters go on across reloads), a new one takes a free index. Writes `an_classes`.
-    fn class_indices(
-        &mut self,
-        classes: &[String],
-    ) -> Result<BTreeMap<String, usize>, DatapathError> {
-        if classes.len() > abi::MAX_NAMED {
-            return Err(DatapathError::InvalidArgument {
-                field: "classes",
-                reason: format!(
-                    "{} named classes, at most {} are supported",
-                    classes.len(),
-                    abi::MAX_NAMED
-                ),
-            });
-        }
-        let wanted: BTreeSet<&str> = classes.iter().map(String::as_str).collect();
-        let mut names = self.class_names()?;
-        let mut index = BTreeMap::new();
-        for (k, n) in names.iter_mut().enumerate() {
-            match n {
-                Some(name) if wanted.contains(name.as_str()) => {
-                    index.insert(name.clone(), k);
-                }
-                Some(_) => *n = None,
-                None => {}
-            }
-        }
-        for c in classes {
-            if index.contains_key(c) {
-                continue;
-            }
-            let k = names
-                .iter()
-                .position(Option::is_none)
-                .expect("no more classes than indices");
-            names[k] = Some(c.clone());
-            index.insert(c.clone(), k);
-        }
-        for (k, n) in names.iter().enumerate() {
-            let name = match n {
-                Some(n) => {
-                    abi::fixed_str::<64>(n).ok_or_else(|| DatapathError::InvalidArgument {
-                        field: "classes",
-                        reason: format!("class name {n:?} is longer than 63 bytes"),
-                    })?
-                }
-                None => [0; 64],
-            };
-            let v = abi::ClassName { name };
-            if self.classes.get(&(k as u32), 0).ok() != Some(v) {
-                self.classes
-                    .set(k as u32, v, 0)
-                    .map_err(|e| DatapathError::map(maps::CLASSES, e))?;
-            }
-        }
-        Ok(index)
-    }
-
     /// Writes the classifier's prefixes under the inactive generation; returns it.
     fn write_prefixes(
         &mut self,
@@ -361,7 +302,7 @@ impl Datapath {
         let mut report = PolicyReport::default();
 
         // 1. Named classes and prefixes, atomically, if they changed.
-        let index = self.class_indices(&policy.classes)?;
+        let ClassIndex { index, fresh } = self.class_indices(&policy.classes)?;
         let hash = policy.prefix_hash();
         let mut cfg = old;
         if old.reserved[0] != hash {
@@ -376,6 +317,8 @@ impl Datapath {
             report.prefixes_changed = true;
         }
         report.prefixes = policy.prefixes.len();
+        // No prefix leads to a reused index's old class any more.
+        self.restart_classes(&fresh)?;
 
         // 2. The limits of pods and namespaces by namespace, and the node's.
         report.namespaces = self.write_ns_policies(policy, &index)?;

@@ -219,3 +219,101 @@ fn a_user_cannot_take_the_pin_root_lock_and_a_held_lock_fails_in_time_naming_its
     );
     eprintln!("after {took:?}: {e}");
 }
+
+/// The lock's users wait for installs only while they pin: the verifier, which takes seconds
+/// (more than the lock's deadline on a busy node), runs without it. Two installers run side by
+/// side (shaperd restarted while another start is still loading) while a CNI-side caller
+/// takes the lock the way DEL and ADD do; every acquisition during the installs is timed.
+#[test]
+fn the_pin_root_lock_is_not_held_while_the_verifier_runs() {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+    const ROUNDS: usize = 3;
+    const BOUND: Duration = Duration::from_secs(2);
+
+    let ns = with_default_bpffs();
+    let root = PathBuf::from(BPF).join("aliasnet");
+    // The first install pins what the CNI side opens.
+    let r = root.clone();
+    ns.run(move || Datapath::install(&r).map(|_| ()).expect("install"));
+
+    let installing = Arc::new(AtomicBool::new(true));
+    let (tx, rx) = mpsc::channel();
+    for who in 0..2 {
+        let (r, tx) = (root.clone(), tx.clone());
+        ns.run(move || {
+            std::thread::spawn(move || {
+                let mut took = Vec::new();
+                for _ in 0..ROUNDS {
+                    let start = Instant::now();
+                    let res = Datapath::install(&r).map(|(_, report)| report);
+                    took.push(start.elapsed());
+                    if let Err(e) = res {
+                        let _ = tx.send(Err(format!("installer {who}: {e}")));
+                        return;
+                    }
+                }
+                let _ = tx.send(Ok(took));
+            });
+        });
+    }
+    drop(tx);
+    let (r, busy) = (root.clone(), installing.clone());
+    let locker = ns.run(move || {
+        std::thread::spawn(move || {
+            let mut dp = Datapath::open(&r).expect("open");
+            let mut waits = Vec::new();
+            while busy.load(Ordering::Relaxed) {
+                // A pod that is not attached: the call is the lock and one lookup.
+                let start = Instant::now();
+                let res = dp.detach_pod("c0ffee", "eth0");
+                waits.push((start.elapsed(), res.map_err(|e| e.to_string())));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            waits
+        })
+    });
+    let mut installs = Vec::new();
+    for res in rx.iter() {
+        installs.extend(res.unwrap_or_else(|e| panic!("{e}")));
+    }
+    installing.store(false, Ordering::Relaxed);
+    let waits = locker.join().expect("the CNI-side caller panicked");
+    for (_, res) in &waits {
+        assert!(matches!(res, Ok(false)), "a CNI-side call failed: {res:?}");
+    }
+    let max = waits.iter().map(|(w, _)| *w).max().unwrap_or_default();
+    let shortest = installs.iter().min().copied().unwrap_or_default();
+    eprintln!(
+        "{} installs of {:?}..{:?}; {} lock acquisitions meanwhile, longest {max:?}",
+        installs.len(),
+        shortest,
+        installs.iter().max().copied().unwrap_or_default(),
+        waits.len()
+    );
+    assert_eq!(installs.len(), 2 * ROUNDS);
+    // The lock covers opening the maps and pinning: a small part of an install on any
+    // machine, the verifier being the rest.
+    assert!(
+        max < BOUND.min(shortest / 4),
+        "a CNI-side call waited {max:?} for the pin root's lock while installs of {shortest:?} and more ran"
+    );
+    assert!(
+        waits.len() >= 10,
+        "only {} acquisitions during the installs",
+        waits.len()
+    );
+
+    // The concurrent installs left one complete, consistent set: it opens, and a further
+    // install finds every program pinned with its own code.
+    let r = root.clone();
+    let report = ns.run(move || Datapath::install(&r).expect("install").1);
+    assert!(
+        report.created_maps.is_empty()
+            && report.pinned_programs.is_empty()
+            && report.upgraded_programs.is_empty(),
+        "{report:?}"
+    );
+}

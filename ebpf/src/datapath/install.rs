@@ -53,111 +53,41 @@ impl Datapath {
     /// different code (an upgrade) is replaced, and every attachment using it is switched to
     /// the new program first (pods' cls_bpf filters replaced in place, TCX links with
     /// `BPF_LINK_UPDATE`), so traffic never runs without a program.
+    ///
+    /// The pin root's lock is held only to open or create the maps and, once the verifier has
+    /// accepted every program (seconds on a busy node), to pin and switch: CNI calls wait
+    /// milliseconds, not the verifier. Whatever another installer pinned meanwhile is
+    /// compared again under the lock, so concurrent installs end with one complete set.
     pub fn install(root: impl Into<PathBuf>) -> Result<(Self, InstallReport), DatapathError> {
         let pins = PinPaths::new(root);
         ensure_bpffs(&pins.root)?;
         create_pin_dirs(&pins)?;
-        let _lock = Lock::exclusive(&pins.root)?;
-        let mut report = InstallReport::default();
-
-        for spec in &abi::MAPS {
-            let path = pins.map(spec.name);
-            if path.exists() {
-                let data =
-                    MapData::from_pin(&path).map_err(|e| DatapathError::map(spec.name, e))?;
-                check_spec(&pins.root, spec, &data)?;
-            } else {
-                report.created_maps.push(spec.name.to_owned());
-            }
-        }
-        if pins.map(maps::CONFIG).exists() {
-            let data = MapData::from_pin(pins.map(maps::CONFIG))
-                .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
-            let cfg: Array<MapData, abi::Config> = typed(maps::CONFIG, Map::Array(data))?;
-            let c = cfg
-                .get(&0, 0)
-                .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
-            if c.abi_version != 0 {
-                check_abi_version(&pins.root, c.abi_version)?;
-            }
-        }
-
-        let mut loader = EbpfLoader::new();
-        let map_paths: Vec<(&str, PathBuf)> = maps::ALL.iter().map(|n| (*n, pins.map(n))).collect();
-        for (name, path) in &map_paths {
-            loader.map_pin_path(name, path.as_path());
-        }
-        let mut ebpf = loader
-            .load(datapath_object()?)
-            .map_err(DatapathError::Load)?;
-        // Attached pods, read once if an upgrade needs them.
-        let mut live: Option<Vec<(u32, abi::PodMeta)>> = None;
-
-        {
-            let map = ebpf
-                .map_mut(maps::CONFIG)
-                .ok_or_else(|| DatapathError::map(maps::CONFIG, MapError::ElementNotFound))?;
-            let mut cfg: Array<&mut MapData, abi::Config> =
-                Array::try_from(map).map_err(|e| DatapathError::map(maps::CONFIG, e))?;
-            let c = cfg
-                .get(&0, 0)
-                .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
-            if c.abi_version == 0 {
-                let fresh = abi::Config {
-                    abi_version: abi::ABI_VERSION,
-                    ..Default::default()
-                };
-                cfg.set(0, fresh, 0)
-                    .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
-            }
-        }
-
-        for name in programs::ALL {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or_else(|| {
-                    DatapathError::program(name, aya::programs::ProgramError::NotLoaded)
-                })?
-                .try_into()
-                .map_err(|e| DatapathError::program(name, e))?;
-            prog.load().map_err(|e| DatapathError::program(name, e))?;
-            let new = prog.info().map_err(|e| DatapathError::program(name, e))?;
-            let path = pins.prog(name);
-            let old = if path.exists() {
-                let p = SchedClassifier::from_pin(&path)
-                    .map_err(|e| DatapathError::program(name, e))?;
-                Some(p.info().map_err(|e| DatapathError::program(name, e))?)
-            } else {
-                None
+        let mut attempt = 0;
+        let report = loop {
+            let mut report = InstallReport::default();
+            let (mut ebpf, map_ids) = {
+                let _lock = Lock::exclusive(&pins.root)?;
+                open_maps(&pins, &mut report)?
             };
-            match old {
-                None => {
-                    prog.pin(&path).map_err(|source| DatapathError::Pin {
-                        path: path.clone(),
-                        source,
-                    })?;
-                    report.pinned_programs.push(name.to_owned());
+            verify(&mut ebpf)?;
+            let _lock = Lock::exclusive(&pins.root)?;
+            // The programs reference the maps opened above: pin them only if those are still
+            // the pinned ones.
+            if pinned_map_ids(&pins)? != map_ids {
+                attempt += 1;
+                if attempt < 3 {
+                    info!("pinned maps replaced while the programs were verified; loading again");
+                    continue;
                 }
-                Some(old) if old.tag() == new.tag() => {}
-                Some(old) => {
-                    report.relinked += relink(&pins, name, old.id(), prog)?;
-                    let pods = match &mut live {
-                        Some(p) => p,
-                        None => live.insert(live_pods(&pins)?),
-                    };
-                    report.relinked += refilter(name, prog, pods, &pins)?;
-                    std::fs::remove_file(&path)
-                        .map_err(|e| DatapathError::io("unpin", &path, e))?;
-                    prog.pin(&path).map_err(|source| DatapathError::Pin {
-                        path: path.clone(),
-                        source,
-                    })?;
-                    report.upgraded_programs.push(name.to_owned());
-                }
+                return Err(DatapathError::AbiMismatch {
+                    root: pins.root.clone(),
+                    name: "maps".to_owned(),
+                    reason: "replaced by another process during every install attempt".into(),
+                });
             }
-        }
-        drop(ebpf);
-        drop(_lock);
+            pin_programs(&pins, &mut ebpf, &mut report)?;
+            break report;
+        };
         let mut dp = Self::open(pins.root)?;
         // Repairs what an interrupted CNI call may have left in the index.
         let _lock = dp.lock()?;
@@ -169,6 +99,145 @@ impl Datapath {
         drop(_lock);
         Ok((dp, report))
     }
+}
+
+/// With the lock held: checks the pinned maps against this build, opens them (creating and
+/// pinning the missing ones) and writes a fresh config's ABI version. Returns the object with
+/// its programs not loaded yet, and the ids of the pinned maps it uses.
+fn open_maps(
+    pins: &PinPaths,
+    report: &mut InstallReport,
+) -> Result<(aya::Ebpf, Vec<u32>), DatapathError> {
+    for spec in &abi::MAPS {
+        let path = pins.map(spec.name);
+        if path.exists() {
+            let data = MapData::from_pin(&path).map_err(|e| DatapathError::map(spec.name, e))?;
+            check_spec(&pins.root, spec, &data)?;
+        } else {
+            report.created_maps.push(spec.name.to_owned());
+        }
+    }
+    if pins.map(maps::CONFIG).exists() {
+        let data = MapData::from_pin(pins.map(maps::CONFIG))
+            .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
+        let cfg: Array<MapData, abi::Config> = typed(maps::CONFIG, Map::Array(data))?;
+        let c = cfg
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
+        if c.abi_version != 0 {
+            check_abi_version(&pins.root, c.abi_version)?;
+        }
+    }
+
+    let mut loader = EbpfLoader::new();
+    let map_paths: Vec<(&str, PathBuf)> = maps::ALL.iter().map(|n| (*n, pins.map(n))).collect();
+    for (name, path) in &map_paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    // Creates and pins the missing maps; the programs are only loaded by `verify`.
+    let mut ebpf = loader
+        .load(datapath_object()?)
+        .map_err(DatapathError::Load)?;
+    {
+        let map = ebpf
+            .map_mut(maps::CONFIG)
+            .ok_or_else(|| DatapathError::map(maps::CONFIG, MapError::ElementNotFound))?;
+        let mut cfg: Array<&mut MapData, abi::Config> =
+            Array::try_from(map).map_err(|e| DatapathError::map(maps::CONFIG, e))?;
+        let c = cfg
+            .get(&0, 0)
+            .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
+        if c.abi_version == 0 {
+            let fresh = abi::Config {
+                abi_version: abi::ABI_VERSION,
+                ..Default::default()
+            };
+            cfg.set(0, fresh, 0)
+                .map_err(|e| DatapathError::map(maps::CONFIG, e))?;
+        }
+    }
+    Ok((ebpf, pinned_map_ids(pins)?))
+}
+
+/// The ids of the pinned maps, in `maps::ALL` order.
+fn pinned_map_ids(pins: &PinPaths) -> Result<Vec<u32>, DatapathError> {
+    maps::ALL
+        .iter()
+        .map(|name| {
+            aya::maps::MapInfo::from_pin(pins.map(name))
+                .map(|i| i.id())
+                .map_err(|e| DatapathError::map(name, e))
+        })
+        .collect()
+}
+
+fn classifier<'a>(
+    ebpf: &'a mut aya::Ebpf,
+    name: &str,
+) -> Result<&'a mut SchedClassifier, DatapathError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| DatapathError::program(name, aya::programs::ProgramError::NotLoaded))?
+        .try_into()
+        .map_err(|e| DatapathError::program(name, e))
+}
+
+/// Loads every program into the kernel: the verifier's part, without the lock.
+fn verify(ebpf: &mut aya::Ebpf) -> Result<(), DatapathError> {
+    for name in programs::ALL {
+        classifier(ebpf, name)?
+            .load()
+            .map_err(|e| DatapathError::program(name, e))?;
+    }
+    Ok(())
+}
+
+/// With the lock held: pins every verified program whose pin is missing, and replaces (after
+/// switching its attachments) every one whose pinned code differs. A program another
+/// installer pinned with the same code meanwhile is kept.
+fn pin_programs(
+    pins: &PinPaths,
+    ebpf: &mut aya::Ebpf,
+    report: &mut InstallReport,
+) -> Result<(), DatapathError> {
+    // Attached pods, read once if an upgrade needs them.
+    let mut live: Option<Vec<(u32, abi::PodMeta)>> = None;
+    for name in programs::ALL {
+        let prog = classifier(ebpf, name)?;
+        let new = prog.info().map_err(|e| DatapathError::program(name, e))?;
+        let path = pins.prog(name);
+        let old = if path.exists() {
+            let p =
+                SchedClassifier::from_pin(&path).map_err(|e| DatapathError::program(name, e))?;
+            Some(p.info().map_err(|e| DatapathError::program(name, e))?)
+        } else {
+            None
+        };
+        match old {
+            None => {
+                prog.pin(&path).map_err(|source| DatapathError::Pin {
+                    path: path.clone(),
+                    source,
+                })?;
+                report.pinned_programs.push(name.to_owned());
+            }
+            Some(old) if old.tag() == new.tag() => {}
+            Some(old) => {
+                report.relinked += relink(pins, name, old.id(), prog)?;
+                let pods = match &mut live {
+                    Some(p) => p,
+                    None => live.insert(live_pods(pins)?),
+                };
+                report.relinked += refilter(name, prog, pods, pins)?;
+                std::fs::remove_file(&path).map_err(|e| DatapathError::io("unpin", &path, e))?;
+                prog.pin(&path).map_err(|source| DatapathError::Pin {
+                    path: path.clone(),
+                    source,
+                })?;
+                report.upgraded_programs.push(name.to_owned());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Attaches the pinned program `prog` to `ifname` (in the calling thread's netns) with TCX,

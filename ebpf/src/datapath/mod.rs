@@ -8,6 +8,7 @@
 //! ```text
 //! maps/<map>                       every map of datapath.bpf.o (see crate::maps)
 //! maps/an_pod_keys                 attachment key -> slot index (userspace only, see index.rs)
+//! maps/an_class_base               slot -> reused classes' baselines (userspace only, classes.rs)
 //! progs/<program>                  every program (see crate::programs)
 //! node/uplink                      TCX link on the uplink, egress (only with a node cap)
 //! ```
@@ -20,6 +21,7 @@
 //! serialises concurrent CNI invocations and shaperd; they wait for it at most
 //! [`pins::PIN_LOCK_TIMEOUT`]. The directories are root's alone (see [`pins`]).
 
+pub(crate) mod classes;
 pub(crate) mod index;
 pub mod install;
 pub mod pins;
@@ -60,6 +62,8 @@ pub struct Datapath {
     pub(crate) vqueue: Array<MapData, abi::VQueue>,
     /// Attachment key -> slot.
     pub(crate) index: Index,
+    /// Slot -> what to subtract from the counters of reused class indexes.
+    pub(crate) class_base: classes::Baselines,
 }
 
 fn typed<T>(name: &str, map: Map) -> Result<T, DatapathError>
@@ -107,6 +111,7 @@ impl Datapath {
         let entity_ids = typed(maps::ENTITY_IDS, Map::HashMap(next()))?;
         let classes = typed(maps::CLASSES, Map::Array(next()))?;
         let index = index::open_or_create(&pins, &meta)?;
+        let class_base = classes::open_or_create(&pins)?;
         let dp = Self {
             prefixes,
             prefixes6,
@@ -123,6 +128,7 @@ impl Datapath {
             classes,
             vqueue,
             index,
+            class_base,
             pins,
         };
         let cfg = dp.config()?;

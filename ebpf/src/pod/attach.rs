@@ -281,6 +281,7 @@ impl Datapath {
             .insert(key, slot, 0)
             .map_err(|e| DatapathError::map(index::NAME, e))?;
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| DatapathError::io("read", what, e))?;
+        self.forget_baseline(slot)?;
         let zero = PerCpuValues::try_from(vec![abi::PodCounters::default(); cpus])
             .map_err(|e| DatapathError::io("build counters", "", e))?;
         self.counters

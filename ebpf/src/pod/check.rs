@@ -126,13 +126,15 @@ impl Datapath {
         }
     }
 
-    /// Counters of a slot, summed over CPUs.
+    /// Counters of a slot, summed over CPUs; a named class's from when it got its index.
     pub fn counters_of(&self, slot: u32) -> Result<abi::PodCounters, DatapathError> {
         let v = self
             .counters
             .get(&slot, 0)
             .map_err(|e| DatapathError::map(maps::COUNTERS, e))?;
-        Ok(sum_counters(&v))
+        let mut c = sum_counters(&v);
+        self.rebase(slot, &mut c)?;
+        Ok(c)
     }
 
     /// The modelled queue of `slot`'s limit of `kind` in `d` (a direction's index or

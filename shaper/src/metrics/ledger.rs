@@ -39,6 +39,12 @@ impl Totals {
             *a = a.wrapping_add(*b);
         }
     }
+    /// Forgets what the totals kept of named class `k`: its index went to another class.
+    fn restart_class(&mut self, k: usize) {
+        for dir in self.counters.dir.iter_mut() {
+            dir[abi::CLASS_NAMED as usize + k] = abi::Counter::default();
+        }
+    }
     pub(super) fn sub(&mut self, c: &PodCounters, drops: &[u64; abi::NR_DIRS]) {
         wrapping_sub(&mut self.counters, c);
         for (a, b) in self.rate_drops.iter_mut().zip(drops) {
@@ -64,6 +70,8 @@ pub struct Ledger {
     seen: HashMap<(u32, u64), Seen>,
     node: Totals,
     namespaces: HashMap<String, Totals>,
+    /// The named classes by index at the last sample.
+    class_names: Vec<Option<String>>,
 }
 
 impl Ledger {
@@ -109,6 +117,21 @@ impl Ledger {
                 }
             }
         }
+        // A named class's index that went to another class: the pods' counters of the new
+        // class start at zero (the datapath rebases them), and so do its totals.
+        for k in 0..snap.class_names.len() {
+            if self
+                .class_names
+                .get(k)
+                .is_some_and(|n| *n != snap.class_names[k])
+            {
+                self.node.restart_class(k);
+                for t in self.namespaces.values_mut() {
+                    t.restart_class(k);
+                }
+            }
+        }
+        self.class_names.clone_from(&snap.class_names);
         self.seen.clear();
         for (p, d) in snap.pods.iter().zip(&drops) {
             self.seen.insert(

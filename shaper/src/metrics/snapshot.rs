@@ -79,6 +79,9 @@ impl Snapshot {
     /// match), never mixed with another pod's counters. With `qdiscs`, the shaping queues'
     /// drop counters are read too (one netns switch per pod with egress limits).
     pub fn read(dp: &Datapath, qdiscs: bool) -> Result<Self, DatapathError> {
+        // A class named during the read may have been counted under its index's previous
+        // class: it is left unnamed (unexported) this time.
+        let mut class_names = dp.class_names()?;
         let mut pods = Vec::new();
         for slot in 0..abi::MAX_PODS {
             let meta = dp.meta_at(slot)?;
@@ -109,6 +112,11 @@ impl Snapshot {
                 rate_drops: [None; abi::NR_DIRS],
             });
         }
+        for (n, after) in class_names.iter_mut().zip(dp.class_names()?) {
+            if *n != after {
+                *n = None;
+            }
+        }
         let mut entities: Vec<u32> = pods_entities(dp, &pods)?;
         entities.sort_unstable();
         entities.dedup();
@@ -121,7 +129,7 @@ impl Snapshot {
         }
         let mut snap = Self {
             pods,
-            class_names: dp.class_names()?,
+            class_names,
             node_limits: dp.entity(abi::NODE_ENTITY)?.limits,
             namespace_limits,
         };
