@@ -64,11 +64,13 @@ sys.stdin.readline()
 download(c)
 "#;
 
-/// The other pod: `n` connections to ports 6001-6004 of the host, all held open.
+/// The other pod: `n` connections to ports 6001-6004 of the host, all held open (a process
+/// holds what its descriptor limit allows: several run at once).
 const OPENER: &str = r#"
-import resource, select, socket, sys, time
+import resource, socket, sys, time
 host, n = sys.argv[1], int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_NOFILE, (n + 1024, n + 1024))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 socks = []
 for i in range(n):
     s = socket.socket()
@@ -83,6 +85,20 @@ done = sum(1 for s in socks if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) 
 print(done, flush=True)
 sys.stdin.readline()
 "#;
+
+/// Connections the other pod opens, and the processes that hold them.
+const CONNECTIONS: u64 = 100_000;
+const OPENERS: u64 = 8;
+
+/// A child killed when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
 
 /// (receive window the sender sees in bytes, smoothed RTT in ms) of the host's connection
 /// from port 5001 to `pod`, from `ss -tin`.
@@ -143,12 +159,14 @@ fn a_pod_opening_100k_connections_does_not_change_another_pods_download() {
         &["-qw", "net.ipv4.ip_local_port_range=1024 65535"],
     )
     .expect("port range");
-    let mut server = f
-        .internet
-        .command("python3")
-        .args(["-c", SERVER, "6"])
-        .spawn()
-        .expect("server");
+    let _server = Killed(
+        f.internet
+            .command("python3")
+            .args(["-c", SERVER, "6"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("server"),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let host = INTERNET_IP.to_string();
     let mut down =
@@ -164,18 +182,30 @@ fn a_pod_opening_100k_connections_does_not_change_another_pods_download() {
     let (wnd_before, rtt_before) = sender_view(&f.internet, &a);
     expect_line(&mut down_out, "ready");
 
-    let mut opener =
-        b.ns.command("python3")
-            .args(["-c", OPENER, &host, "100000"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("opener");
-    let mut line = String::new();
-    BufReader::new(opener.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("opener's count");
-    let opened: u64 = line.trim().parse().expect("count");
+    let mut openers: Vec<_> = (0..OPENERS)
+        .map(|_| {
+            Killed(
+                b.ns.command("python3")
+                    .args(["-c", OPENER, &host, &(CONNECTIONS / OPENERS).to_string()])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("opener"),
+            )
+        })
+        .collect();
+    let opened: u64 = openers
+        .iter_mut()
+        .map(|o| {
+            let mut line = String::new();
+            BufReader::new(o.0.stdout.take().expect("stdout"))
+                .read_line(&mut line)
+                .expect("opener's count");
+            line.trim()
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("opener said {line:?}"))
+        })
+        .sum();
     assert!(opened >= 95_000, "b opened only {opened} connections");
     let dp = n.datapath();
     let rt_b = dp.pod_rt(n.record(&b).slot).expect("b's table use");
@@ -195,11 +225,8 @@ fn a_pod_opening_100k_connections_does_not_change_another_pods_download() {
     expect_line(&mut down_out, "go");
     std::thread::sleep(Duration::from_secs(4));
     let (wnd_after, rtt_after) = sender_view(&f.internet, &a);
-    let _ = opener.stdin.as_mut().map(|s| s.write_all(b"\n"));
-    let _ = opener.wait();
+    drop(openers);
     let _ = down.wait();
-    let _ = server.kill();
-    let _ = server.wait();
     assert!(
         wnd_after <= wnd_before * 3 / 2 + 20_000,
         "a's window after b's connections: {wnd_after} bytes (before: {wnd_before})"

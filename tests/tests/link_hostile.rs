@@ -95,7 +95,7 @@ fn a_pod_flooding_neighbour_solicitations_leaves_the_nodes_table_and_other_pods_
         .parse()
         .expect("number");
     let before = neighbours(&n.ns);
-    let mut child = flood(&attacker, 30);
+    let child = flood(&attacker, 30);
     let start = Instant::now();
     let mut most = before;
     let mut newcomer = None;

@@ -11,8 +11,7 @@ use std::{
 };
 
 use aliasnet_cni_types::{
-    code, limits::Requested, AttachEnv, CniArgs, CniError, CniResult, DatapathMode, Limits,
-    NetConf,
+    code, limits::Requested, AttachEnv, CniArgs, CniError, CniResult, DatapathMode, Limits, NetConf,
 };
 use aliasnet_ebpf::{
     abi, Datapath, DatapathError, PodAttachment, PodIdentity, PodRecord, Teardown,
