@@ -6,7 +6,8 @@
  * class that shapes it.
  *
  *   an_host_ingress  host veth ingress  (pod egress,  remote = dst): drop what is not from
- *                    the pod's address (see from_pod()), count, drop blocked, police the
+ *                    the pod's address (see from_pod()), IPv6 to the link the pod does not
+ *                    need or above its rate (see link_gate()), count, drop blocked, police the
  *                    pod's egress limits (see policed()), clamp the TCP windows of
  *                    connections with limits (see pod_tcp()), and send what its
  *                    namespace's upload limits shape to their device (an IFB)
@@ -48,44 +49,112 @@
 #include "lib/stage.h"
 #include "lib/wndclamp.h"
 
-/*
- * An IPv6 packet that stays on the link: from a link-local or the unspecified source to a
- * link-local or link-scope multicast (ff02::/16) destination. Neighbour discovery with the
- * gateway, router solicitations, MLD and DAD are such packets; the kernel delivers them
- * locally and never forwards them, so their source cannot be abused beyond the host.
- */
-static __always_inline int link_scoped6(const struct an_pkt *p)
+/* Whether `w0`, an IPv6 address's first word in host order, is link-local (fe80::/10). */
+static __always_inline int link_local6(__u32 w0)
 {
-	__u32 s = bpf_ntohl(p->saddr6[0]), d = bpf_ntohl(p->daddr6[0]);
-	int unspec = !(p->saddr6[0] | p->saddr6[1] | p->saddr6[2] | p->saddr6[3]);
+	return (w0 >> 22) == (0xfe80 >> 6);
+}
 
-	return (unspec || (s >> 22) == (0xfe80 >> 6)) &&
-	       ((d >> 22) == (0xfe80 >> 6) || (d >> 16) == 0xff02);
+/*
+ * Whether an IPv6 packet's destination is on the link only: link-local (the gateway
+ * fe80::1, or the host veth's own link-local address) or multicast (a socket of the node's
+ * that joined a group on any interface receives it). The kernel delivers such packets to
+ * the node itself and never forwards them: from a pod they reach the node's services.
+ */
+static __always_inline int link_dest6(const struct an_pkt *p)
+{
+	__u32 d = bpf_ntohl(p->daddr6[0]);
+
+	return link_local6(d) || (d >> 24) == 0xff;
 }
 
 /*
  * Whether a frame the pod sent (host veth ingress) may be from it: IPv4 and IPv6 only with
- * the pod's own source address of that family (IPv6 also link-scoped, see link_scoped6()),
- * whatever the kernel's reverse-path filter is set to. ARP passes (the pod needs it for its
- * gateway). A frame still VLAN-tagged here (the kernel took off an outer tag before tc
- * ingress) hides its header from the programs, and the kernel would strip a second priority
- * tag and route it: it is dropped too. Malformed IPv4 or IPv6 (`parsed` 0) passes, as
- * ip_rcv and ipv6_rcv drop it.
+ * the pod's own source address of that family, whatever the kernel's reverse-path filter is
+ * set to. IPv6 to a link-scoped destination (link_dest6()) may also come from the pod's own
+ * link-local address or the unspecified one, never another: each link-local source the node
+ * hears a neighbour solicitation from takes an entry of its neighbour table, which every
+ * namespace shares. ARP passes (the pod needs it for its gateway). A frame still VLAN-tagged
+ * here (the kernel took off an outer tag before tc ingress) hides its header from the
+ * programs, and the kernel would strip a second priority tag and route it: it is dropped
+ * too. Malformed IPv4 or IPv6 (`parsed` 0) passes, as ip_rcv and ipv6_rcv drop it.
  */
 static __always_inline int from_pod(const struct __sk_buff *skb, const struct an_pod *pod,
 				    int parsed, const struct an_pkt *p)
 {
+	const __u32 *s = p->saddr6;
+
 	if (skb->protocol == bpf_htons(ETH_P_8021Q) || skb->protocol == bpf_htons(ETH_P_8021AD))
 		return 0;
 	if (!parsed)
 		return 1;
 	if (!p->v6)
 		return p->saddr == pod->ipv4;
-	if ((pod->ipv6[0] | pod->ipv6[1] | pod->ipv6[2] | pod->ipv6[3]) &&
-	    p->saddr6[0] == pod->ipv6[0] && p->saddr6[1] == pod->ipv6[1] &&
-	    p->saddr6[2] == pod->ipv6[2] && p->saddr6[3] == pod->ipv6[3])
+	if ((pod->ipv6[0] | pod->ipv6[1] | pod->ipv6[2] | pod->ipv6[3]) && s[0] == pod->ipv6[0] &&
+	    s[1] == pod->ipv6[1] && s[2] == pod->ipv6[2] && s[3] == pod->ipv6[3])
 		return 1;
-	return link_scoped6(p);
+	if (!link_dest6(p))
+		return 0;
+	if (!(s[0] | s[1] | s[2] | s[3]))
+		return 1;
+	return (pod->ipv6_ll[0] | pod->ipv6_ll[1] | pod->ipv6_ll[2] | pod->ipv6_ll[3]) &&
+	       s[0] == pod->ipv6_ll[0] && s[1] == pod->ipv6_ll[1] && s[2] == pod->ipv6_ll[2] &&
+	       s[3] == pod->ipv6_ll[3];
+}
+
+#define AN_ICMPV6_ERROR_MAX 4 /* destination unreachable .. parameter problem */
+#define AN_ICMPV6_MLD_REPORT 131
+#define AN_ICMPV6_MLD_DONE 132
+#define AN_ICMPV6_RS 133
+#define AN_ICMPV6_NS 135
+#define AN_ICMPV6_NA 136
+#define AN_ICMPV6_MLD2_REPORT 143
+
+/* Takes one packet of the pod's link-scoped budget (AN_ND_PPS, AN_ND_BURST); 0 if empty. */
+static __always_inline int nd_budget(__u32 slot)
+{
+	const __u64 t = NSEC_PER_SEC / AN_ND_PPS;
+	struct an_pod_rt *rt = bpf_map_lookup_elem(&an_pod_rt, &slot);
+	__u64 now = bpf_ktime_get_ns(), tat;
+
+	if (!rt)
+		return 0;
+	tat = rt->nd_tat > now ? rt->nd_tat : now;
+	if (tat - now > (AN_ND_BURST - 1) * t)
+		return 0;
+	/* Two CPUs may both take the last packet: the bound is loose by one per CPU. */
+	rt->nd_tat = tat + t;
+	return 1;
+}
+
+/*
+ * What a pod may send to a link-scoped destination (link_dest6()): what it needs of the
+ * link, ICMPv6 router and neighbour solicitation, neighbour advertisement, MLD reports and
+ * ICMPv6 errors (they answer the node's own packets), unfragmented, within its budget.
+ * Everything else would reach the node's services, which IPv4 pods cannot reach through
+ * their gateway either. Returns 0 to pass, else 1 + the drop's AN_DROP_* reason.
+ */
+static __always_inline __u32 link_gate(struct __sk_buff *skb, const struct an_pkt *p,
+				       __u32 slot)
+{
+	__u8 type;
+
+	if (p->proto != IPPROTO_ICMPV6 || p->frag ||
+	    bpf_skb_load_bytes(skb, l4_off(p), &type, sizeof(type)) < 0)
+		return 1 + AN_DROP_GATEWAY;
+	switch (type) {
+	case 1 ... AN_ICMPV6_ERROR_MAX:
+	case AN_ICMPV6_MLD_REPORT:
+	case AN_ICMPV6_MLD_DONE:
+	case AN_ICMPV6_RS:
+	case AN_ICMPV6_NS:
+	case AN_ICMPV6_NA:
+	case AN_ICMPV6_MLD2_REPORT:
+		break;
+	default:
+		return 1 + AN_DROP_GATEWAY;
+	}
+	return nd_budget(slot) ? 0 : 1 + AN_DROP_ND;
 }
 
 /* The slot of the pod whose address is the packet's source, if any. */
@@ -177,7 +246,7 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	struct an_config *cfg = bpf_map_lookup_elem(&an_config, &zero);
 	struct an_pod *pod;
 	struct an_pod_meta *meta;
-	__u32 slot;
+	__u32 slot, why;
 	int parsed;
 
 	if (dir == AN_DIR_INGRESS) {
@@ -195,9 +264,18 @@ static __always_inline int host_side(struct __sk_buff *skb, __u32 dir)
 	if (parsed)
 		class = classify_pkt(cfg, &p, dir == AN_DIR_EGRESS);
 	pod = bpf_map_lookup_elem(&an_pods, &ifindex);
-	if (dir == AN_DIR_EGRESS && pod && !from_pod(skb, pod, parsed, &p)) {
-		count_spoofed(pod->slot, &p);
-		return TC_ACT_SHOT;
+	if (dir == AN_DIR_EGRESS && pod) {
+		if (!from_pod(skb, pod, parsed, &p)) {
+			count_spoofed(pod->slot, &p);
+			return TC_ACT_SHOT;
+		}
+		if (parsed && p.v6 && link_dest6(&p)) {
+			why = link_gate(skb, &p, pod->slot);
+			if (why) {
+				count_dropped(pod->slot, why - 1, &p);
+				return TC_ACT_SHOT;
+			}
+		}
 	}
 	/* Not registered (yet, or any more): classify and enforce, but nothing to count into. */
 	if (!pod)
@@ -394,6 +472,46 @@ int an_uplink_in(struct __sk_buff *skb)
 	if (!cfg || !cfg->node_in_ifindex || !node_stage(skb, cfg, AN_DIR_INGRESS, &p))
 		return TC_ACT_UNSPEC;
 	return bpf_redirect(cfg->node_in_ifindex, 0);
+}
+
+struct an_sweep {
+	__u32 now;     /* bpf_ktime_get_ns() >> AN_CONN_TIME_SHIFT */
+	__u32 removed;
+};
+
+/* One entry of an_conns: removed when its pod is gone or it is idle past its state's TTL. */
+static long sweep_conn(void *map __attribute__((unused)), struct an_conn_key *key, struct an_conn *c,
+		       struct an_sweep *x)
+{
+	__u32 slot = c->slot, ttl;
+	struct an_pod_meta *m = bpf_map_lookup_elem(&an_pod_meta, &slot);
+
+	if (c->state != AN_CONN_ESTABLISHED)
+		ttl = AN_CONN_HANDSHAKE_TTL_S;
+	else if ((c->flags & (AN_CONN_F_FIN_POD | AN_CONN_F_FIN_REMOTE)) ==
+		 (AN_CONN_F_FIN_POD | AN_CONN_F_FIN_REMOTE))
+		ttl = AN_CONN_CLOSED_TTL_S;
+	else
+		ttl = AN_CONN_IDLE_TTL_S;
+	if (!m || !(m->flags & AN_META_IN_USE) || conn_gen(m) != c->gen ||
+	    x->now - c->t_last > ttl) {
+		conn_forget(key, c);
+		x->removed++;
+	}
+	return 0;
+}
+
+/*
+ * Not attached anywhere: shaperd runs it (BPF_PROG_TEST_RUN) every few seconds to sweep
+ * an_conns (see there). Returns how many entries it removed.
+ */
+SEC("classifier")
+int an_conns_sweep(struct __sk_buff *skb __attribute__((unused)))
+{
+	struct an_sweep x = { .now = bpf_ktime_get_ns() >> AN_CONN_TIME_SHIFT };
+
+	bpf_for_each_map_elem(&an_conns, sweep_conn, &x, 0);
+	return x.removed;
 }
 
 /* Dual licence so GPL-only helpers stay available; none is used today. */

@@ -107,6 +107,7 @@ fn attachment(node: &Node, i: usize, limits: Limits) -> PodAttachment {
             ipv6: None,
         },
         limits,
+        pod_mac: None,
     }
 }
 

@@ -171,6 +171,7 @@ fn install(node: &Node, pods: usize) -> Result<Datapath> {
                 ingress_rate: Some(1_000_000_000),
                 ..Limits::default()
             },
+            pod_mac: None,
         })
         .with_context(|| format!("attach pod {i}"))?;
     }

@@ -83,6 +83,7 @@ pub fn run(args: Args) -> Result<()> {
                     ipv6: None,
                 },
                 limits,
+                pod_mac: None,
             })?;
             eprintln!("{a:#?}");
         }

@@ -179,7 +179,8 @@ fn add(
     let res = res.and_then(|(result, plan)| {
         if let Some(dp) = dp.as_mut() {
             let id = datapath::identity(args, env, plan.v4(), plan.v6());
-            datapath::attach(conf, dp, &host_veth, env, id, wanted.limits)?;
+            let mac = datapath::sandbox_mac(&result);
+            datapath::attach(conf, dp, &host_veth, env, id, wanted.limits, mac)?;
         }
         Ok(result)
     });

@@ -23,7 +23,7 @@
 
 #include <linux/types.h>
 
-#define AN_ABI_VERSION 7
+#define AN_ABI_VERSION 8
 
 /*
  * Capacity. AN_MAX_PODS bounds slots on one node (kubelet's max-pods is far lower).
@@ -189,7 +189,10 @@ struct an_config {
 	__u32 ns_out_ifindex; /* namespaces' upload limits (IFB), 0 = not in use */
 	__u32 node_in_ifindex; /* the node's download limits (IFB), 0 = not in use */
 	__u32 node_out;       /* 1 = the node's upload limits are on the uplink */
-	__u64 reserved[3];
+	__u64 prefix_hash;    /* the classifier's prefixes, as last applied (userspace only) */
+	__u32 conn_share;     /* an_conns entries one pod may hold, 0 = AN_CONN_SHARE_DEFAULT */
+	__u32 reserved32;
+	__u64 reserved;
 };
 _Static_assert(sizeof(struct an_config) == 80, "an_config size");
 
@@ -200,8 +203,14 @@ struct an_pod {
 	__u32 ipv4;   /* network byte order, 0 = the pod has no IPv4 address */
 	__u32 reserved;
 	__u32 ipv6[4]; /* network byte order, all zero = the pod has no IPv6 address */
+	/*
+	 * The pod interface's link-local address (EUI-64 of its MAC), all zero = unknown: the
+	 * only link-local source the pod may use (see the link-scoped IPv6 rules in
+	 * datapath.bpf.c).
+	 */
+	__u32 ipv6_ll[4];
 };
-_Static_assert(sizeof(struct an_pod) == 32, "an_pod size");
+_Static_assert(sizeof(struct an_pod) == 48, "an_pod size");
 
 /*
  * an_pod_ips: pod IPv4 (network byte order) -> slot, an_pod_ips6: pod IPv6 -> slot, for the
@@ -226,8 +235,8 @@ _Static_assert(sizeof(struct an_counter) == 16, "an_counter size");
  * `dropped` counts other drops by reason (AN_DROP_*), in no class. IPv4 and IPv6 count
  * into the same cells.
  */
-#define AN_DROP_ND 0      /* neighbour discovery to the gateway above its rate */
-#define AN_DROP_GATEWAY 1 /* other traffic to the gateway's link-local address */
+#define AN_DROP_ND 0      /* link-scoped IPv6 (neighbour discovery, MLD) above its rate */
+#define AN_DROP_GATEWAY 1 /* other IPv6 to a link-scoped destination: the node's services */
 #define AN_NR_DROPS 4
 
 struct an_pod_counters {
@@ -375,15 +384,34 @@ struct an_flow {
 _Static_assert(sizeof(struct an_flow) == 16, "an_flow size");
 
 /*
- * an_conns: LRU hash, TCP connections of pods whose windows are clamped (see the window
- * clamp in aliasnet_tuning.h), learnt from their handshakes on the host veth: the window
- * scales both sides agreed and the handshake's round trip.
+ * an_conns: hash (allocated as used), TCP connections of pods whose windows are clamped (see
+ * the window clamp in aliasnet_tuning.h), learnt from their handshakes on the host veth: the
+ * window scales both sides agreed and the handshake's round trip.
+ *
+ * Each pod holds at most its share of the table (an_config.conn_share, which shaperd sets to
+ * the table's size over the number of pods, at least AN_CONN_SHARE_MIN pods): a pod at its
+ * share learns no new connection (counted as refused), so no pod can take another's entries.
+ * An entry goes on a reset, AN_CONN_CLOSED_TTL_S after both sides' FIN, or when the sweep
+ * (an_conns_sweep, run by shaperd) finds it idle past its state's TTL or its pod gone. A
+ * connection whose entry is gone is learnt again from its next packet with its pod's usual
+ * window scale and round trip (an_pod_rt): the pod's clamp holds again.
  */
-#define AN_MAX_CONNS 65536
+#define AN_MAX_CONNS 262144
+#define AN_CONN_SHARE_MIN 64
+#define AN_CONN_SHARE_DEFAULT (AN_MAX_CONNS / AN_CONN_SHARE_MIN)
 #define AN_CONN_SYN_SENT 1    /* the pod sent a SYN; its window scale holds if the SYN-ACK agrees */
 #define AN_CONN_SYNACK_SENT 2 /* the pod answered a SYN; RTT from its SYN-ACK to the next ACK */
 #define AN_CONN_ESTABLISHED 3
 #define AN_CONN_SYN_RCVD 4    /* the remote sent a SYN (its window scale is kept for the pod's SYN-ACK) */
+/* an_conn.flags */
+#define AN_CONN_F_FIN_POD 1    /* the pod sent a FIN */
+#define AN_CONN_F_FIN_REMOTE 2 /* the remote sent a FIN */
+#define AN_CONN_F_RELEARNT 4   /* learnt again mid-connection: the remote's scale is unknown */
+/* Idle times after which the sweep removes an entry, in units of 2^30 ns (about 1.07 s). */
+#define AN_CONN_HANDSHAKE_TTL_S 10 /* a handshake that did not complete */
+#define AN_CONN_CLOSED_TTL_S 4     /* both sides sent a FIN */
+#define AN_CONN_IDLE_TTL_S 120     /* an established connection without packets */
+#define AN_CONN_TIME_SHIFT 30
 
 /* Addresses are IPv6, or IPv4-mapped IPv6 (::ffff:a.b.c.d) for IPv4 connections. */
 struct an_conn_key {
@@ -400,9 +428,38 @@ struct an_conn {
 	__u8 wscale;        /* shift of the pod's advertised windows */
 	__u8 state;         /* AN_CONN_* */
 	__u8 remote_wscale; /* shift of the remote's advertised windows */
-	__u8 reserved;
+	__u8 flags;         /* AN_CONN_F_* */
+	__u32 slot;         /* the pod whose share holds the entry */
+	__u32 gen;          /* that pod's attachment (an_pod_meta.attached_unix_ns, low bits) */
+	__u32 t_last;       /* bpf_ktime_get_ns() >> AN_CONN_TIME_SHIFT of its last packet */
+	__u32 reserved;
 };
-_Static_assert(sizeof(struct an_conn) == 16, "an_conn size");
+_Static_assert(sizeof(struct an_conn) == 32, "an_conn size");
+
+/*
+ * an_pod_rt: array, slot -> what the programs keep of a pod between packets besides its
+ * counters. Written by the programs (atomically where CPUs share a field); userspace zeroes
+ * a slot's entry when it attaches a pod there.
+ */
+struct an_pod_rt {
+	__u64 nd_tat;          /* the link-scoped IPv6 budget's theoretical arrival time, ns */
+	__s64 conns;           /* an_conns entries this attachment holds */
+	__u64 conns_refused;   /* connections not learnt: the pod's share was full */
+	__u64 conns_relearnt;  /* connections learnt again from a packet after their entry went */
+	__u32 tcp_rtt_ns;      /* the pod's last handshake's round trip */
+	__u8 tcp_wscale;       /* the window scale of the pod's last SYN or SYN-ACK */
+	__u8 tcp_known;        /* 1 once a handshake set the two above */
+	__u16 reserved;
+	__u64 reserved2;
+};
+_Static_assert(sizeof(struct an_pod_rt) == 48, "an_pod_rt size");
+
+/*
+ * Link-scoped IPv6 from a pod (neighbour discovery, MLD, ICMPv6 errors to the gateway or to
+ * link-scope multicast): at most AN_ND_PPS packets a second after a burst of AN_ND_BURST.
+ */
+#define AN_ND_PPS 20
+#define AN_ND_BURST 40
 
 /*
  * an_policy: hash, namespace name (NUL padded; "" for every namespace without an entry of

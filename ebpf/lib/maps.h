@@ -74,10 +74,11 @@ struct {
 } an_flows SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct an_conn_key);
 	__type(value, struct an_conn);
 	__uint(max_entries, AN_MAX_CONNS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } an_conns SEC(".maps");
 
 struct {
@@ -125,6 +126,13 @@ struct {
 	__type(value, struct an_class_name);
 	__uint(max_entries, AN_MAX_NAMED);
 } an_classes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct an_pod_rt);
+	__uint(max_entries, AN_MAX_PODS);
+} an_pod_rt SEC(".maps");
 
 /*
  * The attachment-key index (an_pod_keys) is created by userspace and never read here, so

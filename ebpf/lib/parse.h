@@ -28,7 +28,9 @@ struct an_tcphdr {
 #define AN_TCP_WINDOW ((__u32)offsetof(struct an_tcphdr, window))
 #define AN_TCP_CHECK ((__u32)offsetof(struct an_tcphdr, check))
 
+#define AN_TCP_FIN 0x01
 #define AN_TCP_SYN 0x02
+#define AN_TCP_RST 0x04
 #define AN_TCP_ACK 0x10
 
 /* Length in bytes of the TCP header, options included, from its data-offset byte. */
@@ -46,7 +48,7 @@ struct an_pkt {
 	__u8 tos;    /* IPv4 TOS or IPv6 traffic class: ECN in the low two bits */
 	__u8 proto;  /* transport protocol (IPv6: the header the walk stopped at) */
 	__u8 v6;     /* 1 for IPv6 */
-	__u8 pad;
+	__u8 frag;   /* 1 for a fragment (IPv4 MF or offset, an IPv6 fragment header) */
 	__u64 bytes;
 	__u32 ports; /* TCP/UDP source and destination port, 0 for fragments and other protocols */
 	__u16 l3len; /* bytes from the IP header to the transport header (options, extensions) */
@@ -121,6 +123,7 @@ static __always_inline int parse6(struct __sk_buff *skb, struct an_pkt *p, int *
 			break;
 		if (nh == AN_NEXTHDR_FRAGMENT) {
 			/* Fragments hash without ports, as IPv4's do; what follows is not parsed. */
+			p->frag = 1;
 			nh = ext[0];
 			off += 8;
 			break;
@@ -166,6 +169,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct an_pkt *p)
 		p->l3len = iph.ihl * 4;
 		/* Fragments (first one included) hash without ports: a datagram stays in one leaf. */
 		noports = !!(iph.frag_off & bpf_htons(AN_IP_MF | AN_IP_OFFSET));
+		p->frag = noports;
 	} else {
 		return 0;
 	}

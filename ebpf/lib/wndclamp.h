@@ -254,6 +254,86 @@ static __always_inline void flow_to_pod(const struct an_config *cfg,
 	}
 }
 
+/* The an_conns entries one pod may hold (see an_conns in aliasnet_abi.h). */
+static __always_inline __s64 conn_share(const struct an_config *cfg)
+{
+	return cfg && cfg->conn_share ? (__s64)cfg->conn_share : AN_CONN_SHARE_DEFAULT;
+}
+
+/* A pod's attachment, as an_conn.gen records it. */
+static __always_inline __u32 conn_gen(const struct an_pod_meta *meta)
+{
+	return (__u32)meta->attached_unix_ns;
+}
+
+/*
+ * Removes connection `key` (entry `c`) and gives its place back to the share of the pod that
+ * holds it, if that pod is still the attachment that learnt it (a new attachment of the slot
+ * starts from an empty share).
+ */
+static __always_inline void conn_forget(const struct an_conn_key *key, const struct an_conn *c)
+{
+	__u32 slot = c->slot, gen = c->gen;
+	struct an_pod_meta *m;
+	struct an_pod_rt *rt;
+
+	/* Whoever deletes the entry gives its place back, once. */
+	if (bpf_map_delete_elem(&an_conns, key))
+		return;
+	m = bpf_map_lookup_elem(&an_pod_meta, &slot);
+	rt = bpf_map_lookup_elem(&an_pod_rt, &slot);
+	if (m && rt && conn_gen(m) == gen)
+		__sync_fetch_and_add(&rt->conns, -1);
+}
+
+/*
+ * Learns connection `key` as `n` (its pod's slot and attachment set): in place of the
+ * entry the pod has for it (a handshake again on the same ports), else in a place of the
+ * pod's share; a pod whose share (or the table) is full learns nothing, counted as refused.
+ * Returns 1 if the connection is learnt.
+ */
+static __always_inline int conn_learn(const struct an_config *cfg, struct an_pod_rt *rt,
+				      const struct an_conn_key *key, const struct an_conn *n)
+{
+	struct an_conn *old = bpf_map_lookup_elem(&an_conns, key);
+
+	if (!rt)
+		return 0;
+	if (old) {
+		if (old->slot == n->slot && old->gen == n->gen)
+			return bpf_map_update_elem(&an_conns, key, n, BPF_EXIST) == 0;
+		/* Another attachment's: its pod's address is this pod's now. */
+		conn_forget(key, old);
+	}
+	if (rt->conns >= conn_share(cfg) ||
+	    bpf_map_update_elem(&an_conns, key, n, BPF_NOEXIST) != 0) {
+		__sync_fetch_and_add(&rt->conns_refused, 1);
+		return 0;
+	}
+	__sync_fetch_and_add(&rt->conns, 1);
+	return 1;
+}
+
+/*
+ * A pod's usual handshake, for connections learnt again mid-way: the window scale of its
+ * last SYN or SYN-ACK that offered one, and its recent largest handshake round trip (decaying
+ * by 1/8 per handshake: a round trip too short would clamp below the limit, one too long
+ * only clamps less).
+ */
+static __always_inline void pod_handshake(struct an_pod_rt *rt, int wscale, __u32 rtt_ns)
+{
+	if (!rt)
+		return;
+	if (wscale >= 0)
+		rt->tcp_wscale = wscale;
+	if (rtt_ns) {
+		__u32 decayed = rt->tcp_rtt_ns - rt->tcp_rtt_ns / 8;
+
+		rt->tcp_rtt_ns = rtt_ns > decayed ? rtt_ns : decayed;
+		rt->tcp_known = 1;
+	}
+}
+
 /*
  * TCP of a pod on the host veth, both directions, for a packet of `class`: learns each
  * connection's window scales and RTT from its handshake; clamps the pod's windows to the
@@ -271,13 +351,12 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 	struct an_conn_key key = {};
 	struct an_tcphdr th;
 	struct an_conn *c;
+	struct an_pod_rt *rt;
 	__u64 now, in_rate, agg_rate, out_rate;
 	int ws;
 
 	if (bpf_skb_load_bytes(skb, off, &th, sizeof(th)) < 0)
 		return;
-	in_rate = tightest(cfg, meta, slot, AN_DIR_INGRESS, class, AN_LEVEL_POD);
-	agg_rate = tightest(cfg, meta, slot, AN_DIR_EGRESS, class, AN_LEVEL_NS);
 	/* IPv4 as IPv4-mapped IPv6 (see struct an_pkt). */
 	for (int i = 0; i < 4; i++) {
 		key.pod_addr[i] = dir == AN_DIR_EGRESS ? p->saddr6[i] : p->daddr6[i];
@@ -290,9 +369,22 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		key.pod_port = th.dest;
 		key.remote_port = th.source;
 	}
+	if (th.flags & AN_TCP_RST) {
+		c = bpf_map_lookup_elem(&an_conns, &key);
+		if (c)
+			conn_forget(&key, c);
+		return;
+	}
+	in_rate = tightest(cfg, meta, slot, AN_DIR_INGRESS, class, AN_LEVEL_POD);
+	agg_rate = tightest(cfg, meta, slot, AN_DIR_EGRESS, class, AN_LEVEL_NS);
+	now = bpf_ktime_get_ns();
+	rt = bpf_map_lookup_elem(&an_pod_rt, &slot);
 	if (th.flags & AN_TCP_SYN) {
 		struct an_conn n = {
-			.t_handshake = bpf_ktime_get_ns(),
+			.t_handshake = now,
+			.slot = slot,
+			.gen = conn_gen(meta),
+			.t_last = now >> AN_CONN_TIME_SHIFT,
 		};
 
 		ws = tcp_wscale(skb, off, &th);
@@ -315,7 +407,7 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			/* The remote's SYN: its scale holds if the pod's SYN-ACK agrees. */
 			n.state = AN_CONN_SYN_RCVD;
 			n.remote_wscale = ws < 0 ? 0 : ws;
-			bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
+			conn_learn(cfg, rt, &key, &n);
 			return;
 		}
 		if (dir == AN_DIR_EGRESS) {
@@ -329,16 +421,45 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			} else {
 				n.state = AN_CONN_SYN_SENT;
 			}
-			bpf_map_update_elem(&an_conns, &key, &n, BPF_ANY);
+			pod_handshake(rt, ws, 0);
+			conn_learn(cfg, rt, &key, &n);
 			return;
 		}
 	}
 	if (!(th.flags & AN_TCP_ACK) || (!in_rate && !agg_rate))
 		return;
 	c = bpf_map_lookup_elem(&an_conns, &key);
-	if (!c)
+	if (!c) {
+		/*
+		 * Learnt before and gone (swept while idle, or never learnt for a full share):
+		 * learnt again with the pod's usual handshake; the remote's scale is unknown, so
+		 * only the pod's windows are clamped. The clamp applies from the next packet on.
+		 * A pod at its share tries again with its next packet, uncounted (refusals count
+		 * connections, not packets).
+		 */
+		if (rt && rt->tcp_known && !(th.flags & (AN_TCP_SYN | AN_TCP_FIN)) &&
+		    rt->conns < conn_share(cfg)) {
+			struct an_conn n = {
+				.t_handshake = now,
+				.rtt_ns = rt->tcp_rtt_ns,
+				.wscale = rt->tcp_wscale,
+				.state = AN_CONN_ESTABLISHED,
+				.flags = AN_CONN_F_RELEARNT,
+				.slot = slot,
+				.gen = conn_gen(meta),
+				.t_last = now >> AN_CONN_TIME_SHIFT,
+			};
+
+			if (conn_learn(cfg, rt, &key, &n))
+				__sync_fetch_and_add(&rt->conns_relearnt, 1);
+		}
 		return;
-	now = bpf_ktime_get_ns();
+	}
+	/* One write a second at most: the sweep goes by it. */
+	if (c->t_last != (__u32)(now >> AN_CONN_TIME_SHIFT))
+		c->t_last = now >> AN_CONN_TIME_SHIFT;
+	if (th.flags & AN_TCP_FIN)
+		c->flags |= dir == AN_DIR_EGRESS ? AN_CONN_F_FIN_POD : AN_CONN_F_FIN_REMOTE;
 	if (dir == AN_DIR_INGRESS) {
 		if (c->state == AN_CONN_ESTABLISHED) {
 			/*
@@ -347,7 +468,8 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 			 */
 			if (in_rate && skb->len > off + AN_TCP_HDR_LEN(th.doff))
 				flow_to_pod(cfg, meta, slot, class, flow_bucket(p), now);
-			if (agg_rate && feature_on(cfg, AN_CFG_CLAMP_OFF))
+			if (agg_rate && !(c->flags & AN_CONN_F_RELEARNT) &&
+			    feature_on(cfg, AN_CFG_CLAMP_OFF))
 				set_window(skb, off, &th,
 					   window_cap(cfg, meta, slot, AN_DIR_EGRESS, class,
 						      AN_LEVEL_NS, c->rtt_ns, now),
@@ -366,6 +488,7 @@ static __always_inline void pod_tcp(struct __sk_buff *skb, const struct an_confi
 		c->rtt_ns = now - c->t_handshake > 0xffffffffULL ? 0xffffffff :
 								     now - c->t_handshake;
 		c->state = AN_CONN_ESTABLISHED;
+		pod_handshake(rt, -1, c->rtt_ns);
 		return;
 	}
 	if (!in_rate || c->state != AN_CONN_ESTABLISHED || (th.flags & AN_TCP_SYN) ||

@@ -17,7 +17,7 @@ use aya::maps::MapType;
 use crate::maps;
 
 /// Bumped whenever a layout below changes; pinned maps of another version are not reused.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 pub const MAX_PODS: u32 = 1024;
 pub const MAX_PREFIXES: u32 = 65536;
@@ -108,11 +108,37 @@ pub const META_NS_GATE: u32 = 2;
 pub const ENTITY_IN_USE: u32 = 1;
 
 /// `an_conns`: TCP connections whose windows are clamped, and the states of their handshake.
-pub const MAX_CONNS: u32 = 65536;
+pub const MAX_CONNS: u32 = 262_144;
+/// A pod's share of `an_conns` is the table over the number of pods, at least this many.
+pub const CONN_SHARE_MIN: u32 = 64;
+pub const CONN_SHARE_DEFAULT: u32 = MAX_CONNS / CONN_SHARE_MIN;
 pub const CONN_SYN_SENT: u8 = 1;
 pub const CONN_SYNACK_SENT: u8 = 2;
 pub const CONN_ESTABLISHED: u8 = 3;
 pub const CONN_SYN_RCVD: u8 = 4;
+/// `Conn::flags`.
+pub const CONN_F_FIN_POD: u8 = 1;
+pub const CONN_F_FIN_REMOTE: u8 = 2;
+pub const CONN_F_RELEARNT: u8 = 4;
+/// Idle times after which the sweep removes an entry, in units of 2^30 ns.
+pub const CONN_HANDSHAKE_TTL_S: u32 = 10;
+pub const CONN_CLOSED_TTL_S: u32 = 4;
+pub const CONN_IDLE_TTL_S: u32 = 120;
+pub const CONN_TIME_SHIFT: u32 = 30;
+
+/// Link-scoped IPv6 from a pod: packets a second, and the burst.
+pub const ND_PPS: u64 = 20;
+pub const ND_BURST: u64 = 40;
+
+/// The share of `an_conns` each of `pods` pods may hold.
+pub const fn conn_share(pods: u32) -> u32 {
+    MAX_CONNS
+        / if pods > CONN_SHARE_MIN {
+            pods
+        } else {
+            CONN_SHARE_MIN
+        }
+}
 
 /// Drop reasons of `PodCounters::dropped`.
 pub const DROP_ND: usize = 0;
@@ -348,7 +374,12 @@ pub struct Config {
     pub node_in_ifindex: u32,
     /// 1 = the node's upload limits are on the uplink.
     pub node_out: u32,
-    pub reserved: [u64; 3],
+    /// The classifier's prefixes as last applied (userspace only).
+    pub prefix_hash: u64,
+    /// `an_conns` entries one pod may hold, 0 = [`CONN_SHARE_DEFAULT`].
+    pub conn_share: u32,
+    pub reserved32: u32,
+    pub reserved: u64,
 }
 const _: () = assert!(core::mem::size_of::<Config>() == 80);
 
@@ -363,8 +394,11 @@ pub struct Pod {
     pub reserved: u32,
     /// IPv6 octets in network order, all zero = none.
     pub ipv6: [u8; 16],
+    /// The pod interface's link-local address, all zero = unknown: its only link-local
+    /// source.
+    pub ipv6_ll: [u8; 16],
 }
-const _: () = assert!(core::mem::size_of::<Pod>() == 32);
+const _: () = assert!(core::mem::size_of::<Pod>() == 48);
 
 /// `struct an_counter`.
 #[repr(C)]
@@ -664,9 +698,35 @@ pub struct Conn {
     pub wscale: u8,
     pub state: u8,
     pub remote_wscale: u8,
-    pub reserved: u8,
+    /// `CONN_F_*`.
+    pub flags: u8,
+    /// The pod whose share holds the entry, and its attachment (`PodMeta::conn_gen`).
+    pub slot: u32,
+    pub gen: u32,
+    /// `bpf_ktime_get_ns() >> CONN_TIME_SHIFT` of the last packet.
+    pub t_last: u32,
+    pub reserved: u32,
 }
-const _: () = assert!(core::mem::size_of::<Conn>() == 16);
+const _: () = assert!(core::mem::size_of::<Conn>() == 32);
+
+/// `struct an_pod_rt`: what the programs keep of a pod between packets.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodRt {
+    pub nd_tat: u64,
+    /// `an_conns` entries this attachment holds.
+    pub conns: i64,
+    /// Connections not learnt because the pod's share was full.
+    pub conns_refused: u64,
+    /// Connections learnt again mid-way after their entry went.
+    pub conns_relearnt: u64,
+    pub tcp_rtt_ns: u32,
+    pub tcp_wscale: u8,
+    pub tcp_known: u8,
+    pub reserved: u16,
+    pub reserved2: u64,
+}
+const _: () = assert!(core::mem::size_of::<PodRt>() == 48);
 
 /// `struct an_ns_key`: a namespace name, NUL padded ("" in `an_policy`: the default).
 #[repr(C)]
@@ -776,6 +836,7 @@ unsafe impl aya::Pod for VQueue {}
 unsafe impl aya::Pod for Flow {}
 unsafe impl aya::Pod for ConnKey {}
 unsafe impl aya::Pod for Conn {}
+unsafe impl aya::Pod for PodRt {}
 
 /// `BPF_F_NO_PREALLOC`: entries are allocated on insert (the prefix tries, `an_policy`).
 pub const BPF_F_NO_PREALLOC: u32 = 1;
@@ -810,7 +871,7 @@ const fn def<K, V>(name: &'static str, kind: MapType, max_entries: u32, flags: u
 /// Every map of the datapath object, in [`crate::maps::ALL`] order: the one place their
 /// types, sizes and capacities are written down on the Rust side (the header's
 /// `ebpf/lib/maps.h` on the C side; `tests/btf_abi.rs` compares the two).
-pub const MAPS: [MapDef; 16] = [
+pub const MAPS: [MapDef; 17] = [
     def::<aya::maps::lpm_trie::Key<LpmKeyData>, LpmValue>(
         maps::PREFIXES,
         MapType::LpmTrie,
@@ -830,7 +891,7 @@ pub const MAPS: [MapDef; 16] = [
     // next pod needs no reset).
     def::<u32, Flow>(maps::FLOWS, MapType::Array, FLOW_ENTRIES, 0),
     // The window clamp's connections; the programs own it.
-    def::<ConnKey, Conn>(maps::CONNS, MapType::LruHash, MAX_CONNS, 0),
+    def::<ConnKey, Conn>(maps::CONNS, MapType::Hash, MAX_CONNS, BPF_F_NO_PREALLOC),
     def::<aya::maps::lpm_trie::Key<Lpm6KeyData>, LpmValue>(
         maps::PREFIXES6,
         MapType::LpmTrie,
@@ -847,6 +908,8 @@ pub const MAPS: [MapDef; 16] = [
     def::<u32, Entity>(maps::ENTITIES, MapType::Array, MAX_ENTITIES, 0),
     def::<NsKey, u32>(maps::ENTITY_IDS, MapType::Hash, MAX_ENTITIES, 0),
     def::<u32, ClassName>(maps::CLASSES, MapType::Array, MAX_NAMED as u32, 0),
+    // The programs own it; userspace zeroes a slot's entry when a pod takes the slot.
+    def::<u32, PodRt>(maps::POD_RT, MapType::Array, MAX_PODS, 0),
 ];
 
 /// The attachment-key index [`PodKey`] -> slot: userspace creates and pins it next to

@@ -24,6 +24,7 @@
 //!         ipv6: Some("fd00:240::5".parse().unwrap()),
 //!     },
 //!     limits: Limits::default(),
+//!     pod_mac: Some([0x0a, 0x58, 0x0a, 0x14, 0x00, 0x05]),
 //! })?;
 //! // ... on DEL, when the host veth is deleted right after (the pod's filters and qdiscs go
 //! // with it; `detach_pod` removes them too, for a veth that stays):
@@ -40,6 +41,7 @@
 
 pub mod abi;
 pub mod aggregate;
+mod conns;
 pub mod datapath;
 mod error;
 pub mod htb;
@@ -62,8 +64,8 @@ pub use error::{DatapathError, MultiError};
 pub use limits::{LimitError, Limits};
 pub use object::{datapath_object, MissingObject};
 pub use pod::{
-    run_in_pod, AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity, PodRecord,
-    QdiscState, ShapingStats, Teardown,
+    eui64_link_local, run_in_pod, AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity,
+    PodRecord, QdiscState, ShapingStats, Teardown,
 };
 pub use policy::{
     resolve_uplink, Dest, LevelLimits, NamespaceLimits, NodePolicy, PolicyReport, INTERNET,
@@ -95,8 +97,10 @@ pub mod programs {
     pub const NS_GATE: &str = "an_ns_gate";
     /// The HTB of the namespaces' download device: the leaf [`HOST_EGRESS`] chose.
     pub const NS_CLASSIFY: &str = "an_ns_classify";
-    /// Every program, in a stable order.
-    pub const ALL: [&str; 7] = [
+    /// Attached nowhere: shaperd runs it to sweep `an_conns` (returns the entries removed).
+    pub const CONNS_SWEEP: &str = "an_conns_sweep";
+    /// The programs packets go through, in a stable order.
+    pub const PACKET: [&str; 7] = [
         HOST_INGRESS,
         HOST_EGRESS,
         POD_EGRESS,
@@ -104,6 +108,17 @@ pub mod programs {
         UPLINK_IN,
         NS_GATE,
         NS_CLASSIFY,
+    ];
+    /// Every program, in a stable order.
+    pub const ALL: [&str; 8] = [
+        HOST_INGRESS,
+        HOST_EGRESS,
+        POD_EGRESS,
+        UPLINK,
+        UPLINK_IN,
+        NS_GATE,
+        NS_CLASSIFY,
+        CONNS_SWEEP,
     ];
 }
 
@@ -142,8 +157,11 @@ pub mod maps {
     pub const ENTITY_IDS: &str = "an_entity_ids";
     /// Array named class -> [`crate::abi::ClassName`] (userspace only).
     pub const CLASSES: &str = "an_classes";
+    /// Array slot -> [`crate::abi::PodRt`]: the link-scoped IPv6 budget and the connection
+    /// table share of each pod.
+    pub const POD_RT: &str = "an_pod_rt";
     /// Every map, in a stable order.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         PREFIXES,
         CONFIG,
         PODS,
@@ -160,5 +178,6 @@ pub mod maps {
         ENTITIES,
         ENTITY_IDS,
         CLASSES,
+        POD_RT,
     ];
 }

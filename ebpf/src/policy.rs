@@ -305,11 +305,11 @@ impl Datapath {
         let ClassIndex { index, fresh } = self.class_indices(&policy.classes)?;
         let hash = policy.prefix_hash();
         let mut cfg = old;
-        if old.reserved[0] != hash {
+        if old.prefix_hash != hash {
             let new_gen = old.active_gen ^ 1;
             self.write_prefixes(&policy.prefixes, &index, new_gen)?;
             cfg.active_gen = new_gen;
-            cfg.reserved[0] = hash;
+            cfg.prefix_hash = hash;
             self.config
                 .set(0, cfg, 0)
                 .map_err(|e| DatapathError::map(maps::CONFIG, e))?;

@@ -113,10 +113,17 @@ fn mirrors() -> Vec<Mirror> {
                 ns_out_ifindex,
                 node_in_ifindex,
                 node_out,
+                prefix_hash,
+                conn_share,
+                reserved32,
                 reserved,
             ]
         ),
-        mirror!("an_pod", abi::Pod, [slot, flags, ipv4, reserved, ipv6]),
+        mirror!(
+            "an_pod",
+            abi::Pod,
+            [slot, flags, ipv4, reserved, ipv6, ipv6_ll]
+        ),
         mirror!("an_counter", abi::Counter, [packets, bytes]),
         mirror!(
             "an_pod_counters",
@@ -176,7 +183,33 @@ fn mirrors() -> Vec<Mirror> {
         mirror!(
             "an_conn",
             abi::Conn,
-            [t_handshake, rtt_ns, wscale, state, remote_wscale, reserved]
+            [
+                t_handshake,
+                rtt_ns,
+                wscale,
+                state,
+                remote_wscale,
+                flags,
+                slot,
+                gen,
+                t_last,
+                reserved
+            ]
+        ),
+        mirror!(
+            "an_pod_rt",
+            abi::PodRt,
+            [
+                nd_tat,
+                conns,
+                conns_refused,
+                conns_relearnt,
+                tcp_rtt_ns,
+                tcp_wscale,
+                tcp_known,
+                reserved,
+                reserved2
+            ]
         ),
         mirror!("an_ns_key", abi::NsKey, [name]),
         mirror!("an_ns_policy", abi::NsPolicy, [pod, ns]),
@@ -222,7 +255,7 @@ fn struct_layouts_match_btf() {
 }
 
 /// The C key and value types of each map, so that two structs of one size cannot swap.
-const MAP_TYPES: [(&str, &str, &str); 16] = [
+const MAP_TYPES: [(&str, &str, &str); 17] = [
     ("an_prefixes", "struct an_lpm_key", "struct an_lpm_value"),
     ("an_config", "__u32", "struct an_config"),
     ("an_pods", "__u32", "struct an_pod"),
@@ -239,6 +272,7 @@ const MAP_TYPES: [(&str, &str, &str); 16] = [
     ("an_entities", "__u32", "struct an_entity"),
     ("an_entity_ids", "struct an_ns_key", "__u32"),
     ("an_classes", "__u32", "struct an_class_name"),
+    ("an_pod_rt", "__u32", "struct an_pod_rt"),
 ];
 
 #[test]

@@ -69,6 +69,16 @@ mod abi_header {
             ("AN_CONN_SYNACK_SENT", CONN_SYNACK_SENT.into()),
             ("AN_CONN_ESTABLISHED", CONN_ESTABLISHED.into()),
             ("AN_CONN_SYN_RCVD", CONN_SYN_RCVD.into()),
+            ("AN_CONN_SHARE_MIN", CONN_SHARE_MIN.into()),
+            ("AN_CONN_F_FIN_POD", CONN_F_FIN_POD.into()),
+            ("AN_CONN_F_FIN_REMOTE", CONN_F_FIN_REMOTE.into()),
+            ("AN_CONN_F_RELEARNT", CONN_F_RELEARNT.into()),
+            ("AN_CONN_HANDSHAKE_TTL_S", CONN_HANDSHAKE_TTL_S.into()),
+            ("AN_CONN_CLOSED_TTL_S", CONN_CLOSED_TTL_S.into()),
+            ("AN_CONN_IDLE_TTL_S", CONN_IDLE_TTL_S.into()),
+            ("AN_CONN_TIME_SHIFT", CONN_TIME_SHIFT.into()),
+            ("AN_ND_PPS", ND_PPS),
+            ("AN_ND_BURST", ND_BURST),
         ];
         for (name, rust) in pairs {
             assert_eq!(

@@ -98,11 +98,15 @@ fn link_scope6(a: Ipv6Addr) -> bool {
     a.is_unicast_link_local() || a.is_multicast() || a.is_unspecified()
 }
 
-/// From a link-local or the unspecified address to a link-local or ff02::/16 one: traffic
-/// the kernel keeps on the link, which a pod may send from addresses other than its own.
+/// A destination on the link only (link-local or multicast): delivered to the node itself.
+fn link_dest6(dst: Ipv6Addr) -> bool {
+    dst.is_unicast_link_local() || dst.is_multicast()
+}
+
+/// From the pod's own link-local address or the unspecified one to the link: the only
+/// sources besides its address a pod may use.
 fn scoped6(src: Ipv6Addr, dst: Ipv6Addr) -> bool {
-    (src.is_unspecified() || src.is_unicast_link_local())
-        && (dst.is_unicast_link_local() || dst.segments()[0] == 0xff02)
+    (src.is_unspecified() || src == POD_LL) && link_dest6(dst)
 }
 
 fn class6(src: Ipv6Addr, dst: Ipv6Addr, remote: Ipv6Addr) -> Class {
@@ -159,6 +163,8 @@ enum Cell {
     Class(Direction, Class),
     Spoofed,
     Policed,
+    /// Dropped on the way to the link (neighbour discovery over budget, or not needed).
+    Link,
 }
 
 /// The cells that changed between two readings, with their change.
@@ -175,6 +181,9 @@ fn changed(before: &abi::PodCounters, after: &abi::PodCounters) -> Vec<(Cell, ab
     }
     out.push((Cell::Spoofed, delta(before.spoofed, after.spoofed)));
     out.push((Cell::Policed, delta(before.policed, after.policed)));
+    for r in [abi::DROP_ND, abi::DROP_GATEWAY] {
+        out.push((Cell::Link, delta(before.dropped[r], after.dropped[r])));
+    }
     out.retain(|(_, d)| *d != abi::Counter::default());
     out
 }
@@ -186,7 +195,7 @@ fn check(f: &mut Fixture, pkt: &[u8]) {
     };
     let s = strict(pkt);
     let tagged = matches!(u16::from_be_bytes([pkt[12], pkt[13]]), 0x8100 | 0x88a8);
-    for prog in programs::ALL {
+    for prog in programs::PACKET {
         let before = f.counters();
         let node_before = f.node_counters()[Direction::Egress.index()];
         let (verdict, out) = f.run_data(prog, pkt, None);
@@ -236,23 +245,14 @@ fn check(f: &mut Fixture, pkt: &[u8]) {
                 continue;
             }
         };
-        // Exactly one cell, the whole packet, and the verdict it implies. IPv6 from the pod to
-        // a link-scoped destination (neighbour discovery with the gateway, multicast) may be
-        // dropped for a reason of its own: only "never passed uncounted" is required there.
+        // Exactly one cell, the whole packet, and the verdict it implies.
         let dropped = verdict == TC_ACT_SHOT;
-        let to_link_scope = dir == Direction::Egress
-            && pkt.get(12..14) == Some(&[0x86, 0xdd][..])
-            && pkt
-                .get(38..54)
-                .is_some_and(|d| link_scope6(Ipv6Addr::from(<[u8; 16]>::try_from(d).unwrap())));
-        if !(dropped && to_link_scope) {
-            assert_eq!(cells.len(), 1, "{prog}: counted {cells:?}");
-            assert_eq!(cells[0].1, whole, "{prog}: counted {cells:?}");
-        }
+        assert_eq!(cells.len(), 1, "{prog}: counted {cells:?}");
+        assert_eq!(cells[0].1, whole, "{prog}: counted {cells:?}");
         for (cell, _) in &cells {
             let drop_cell = matches!(
                 cell,
-                Cell::Spoofed | Cell::Policed | Cell::Class(_, Class::Blocked)
+                Cell::Spoofed | Cell::Policed | Cell::Link | Cell::Class(_, Class::Blocked)
             );
             assert_eq!(
                 drop_cell, dropped,
@@ -286,8 +286,14 @@ fn check(f: &mut Fixture, pkt: &[u8]) {
             }
             continue;
         }
-        if dropped && to_link_scope {
-            continue;
+        if dir == Direction::Egress && dropped {
+            if let Strict::V6 { dst, .. } = s {
+                if link_dest6(dst) {
+                    // Not what the pod needs of the link, or over its budget.
+                    assert_eq!(cells[0].0, Cell::Link, "{prog}: {s:?}");
+                    continue;
+                }
+            }
         }
         if class == Class::Blocked {
             assert!(dropped, "{prog} passed blocked traffic: {s:?}");

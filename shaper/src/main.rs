@@ -35,6 +35,10 @@ const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9546";
 /// How often the daemon looks for pods attached or detached since its last look (one read
 /// of the pinned config): their namespaces' and the node's aggregates then follow.
 const PODS_POLL: Duration = Duration::from_millis(250);
+/// How often the connection table of the window clamp is swept: entries of closed, silent
+/// and deleted pods' connections go back to their pods' shares (their time to live is
+/// seconds to minutes, see `an_conns`).
+const CONNS_SWEEP: Duration = Duration::from_secs(5);
 /// Period of the exporter's samples outside scrapes: node and namespace totals keep what a
 /// pod counted even when it is deleted between two scrapes (losing at most this much), and the
 /// shaping queues' drop counters (a netns switch per pod, kept off the scrape path) refresh.
@@ -205,6 +209,10 @@ impl Daemon {
         self.dp
             .reconcile_aggregates()
             .context("reconcile the aggregates")?;
+        let pods = self.dp.pods().context("list the pods")?.len();
+        self.dp
+            .set_conn_share(u32::try_from(pods).unwrap_or(u32::MAX))
+            .context("set the pods' share of the connection table")?;
         self.pods_epoch = Some(epoch);
         Ok(())
     }
@@ -365,6 +373,8 @@ async fn run(mut daemon: Daemon) -> Result<()> {
     let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + poll_every, poll_every);
     let mut gc = tokio::time::interval(Duration::from_secs(daemon.args.gc_interval.max(1)));
     let mut pods = tokio::time::interval(PODS_POLL);
+    let mut conns = tokio::time::interval(CONNS_SWEEP);
+    conns.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     pods.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -395,6 +405,13 @@ async fn run(mut daemon: Daemon) -> Result<()> {
             _ = pods.tick() => {
                 if let Err(e) = daemon.follow_pods() {
                     warn!("{e:#}");
+                }
+            }
+            _ = conns.tick() => {
+                match daemon.dp.sweep_conns() {
+                    Ok(0) => {}
+                    Ok(removed) => debug!(removed, "connection table swept"),
+                    Err(e) => warn!("sweeping the connection table: {e}"),
                 }
             }
             _ = gc.tick() => {

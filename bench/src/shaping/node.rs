@@ -172,6 +172,7 @@ impl Bench {
                 ipv6: None,
             },
             limits,
+            pod_mac: None,
         };
         let a = self.dp().attach_pod(&att)?;
         for t in self.tweaks.clone() {

@@ -11,7 +11,7 @@ use std::{
 };
 
 use aliasnet_cni_types::{
-    code, limits::Requested, AttachEnv, CniArgs, CniError, DatapathMode, Limits, NetConf,
+    code, limits::Requested, AttachEnv, CniArgs, CniError, CniResult, DatapathMode, Limits, NetConf,
 };
 use aliasnet_ebpf::{
     abi, Datapath, DatapathError, PodAttachment, PodIdentity, PodRecord, Teardown,
@@ -136,6 +136,22 @@ pub fn check_identity(args: &CniArgs, env: &AttachEnv) -> Result<(), CniError> {
     fits("CNI_NETNS", &env.netns, meta.netns.len())
 }
 
+/// The MAC address of the pod's interface in ADD's result (the one inside the sandbox).
+pub fn sandbox_mac(result: &CniResult) -> Option<[u8; 6]> {
+    let mac = result
+        .interfaces
+        .iter()
+        .find(|i| i.sandbox.is_some())?
+        .mac
+        .as_deref()?;
+    let mut out = [0u8; 6];
+    let mut parts = mac.split(':');
+    for b in &mut out {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
 /// ADD, last step: attach the pinned programs to the pod and record it. On failure the
 /// library has undone its part; the caller rolls back the rest.
 pub fn attach(
@@ -145,12 +161,14 @@ pub fn attach(
     env: &AttachEnv,
     identity: PodIdentity,
     limits: Limits,
+    pod_mac: Option<[u8; 6]>,
 ) -> Result<(), CniError> {
     let att = PodAttachment {
         host_ifname: host_veth.to_owned(),
         netns: PathBuf::from(&env.netns),
         identity,
         limits,
+        pod_mac,
     };
     let a = dp
         .attach_pod(&att)

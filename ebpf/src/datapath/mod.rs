@@ -60,6 +60,8 @@ pub struct Datapath {
     pub(crate) classes: Array<MapData, abi::ClassName>,
     /// The programs' queue model; reset per slot on attach.
     pub(crate) vqueue: Array<MapData, abi::VQueue>,
+    /// The programs' per-pod state; reset per slot on attach.
+    pub(crate) pod_rt: Array<MapData, abi::PodRt>,
     /// Attachment key -> slot.
     pub(crate) index: Index,
     /// Slot -> what to subtract from the counters of reused class indexes.
@@ -110,6 +112,7 @@ impl Datapath {
         let entities = typed(maps::ENTITIES, Map::Array(next()))?;
         let entity_ids = typed(maps::ENTITY_IDS, Map::HashMap(next()))?;
         let classes = typed(maps::CLASSES, Map::Array(next()))?;
+        let pod_rt = typed(maps::POD_RT, Map::Array(next()))?;
         let index = index::open_or_create(&pins, &meta)?;
         let class_base = classes::open_or_create(&pins)?;
         let dp = Self {
@@ -127,6 +130,7 @@ impl Datapath {
             entity_ids,
             classes,
             vqueue,
+            pod_rt,
             index,
             class_base,
             pins,

@@ -217,6 +217,9 @@ impl Datapath {
             meta.netns_dev = st.dev();
             meta.netns_ino = st.ino();
         }
+        if let Some(mac) = req.pod_mac {
+            meta.ipv6_ll = super::eui64_link_local(mac).octets();
+        }
         let host_ifindex = ifindex(&req.host_ifname)?;
         meta.host_ifindex = host_ifindex;
         // Every size of the pod's shaping points derives from its veth's frame (the plugin
@@ -302,6 +305,10 @@ impl Datapath {
                 }
             }
         }
+        // The link-scoped IPv6 budget and the connection table share start afresh.
+        self.pod_rt
+            .set(slot, abi::PodRt::default(), 0)
+            .map_err(|e| DatapathError::map(maps::POD_RT, e))?;
         let ns_in = self.config()?.ns_in_ifindex;
         if ns_in != 0 {
             meta.flags |= abi::META_NS_GATE;
@@ -318,6 +325,7 @@ impl Datapath {
                     ipv4: meta.ipv4,
                     reserved: 0,
                     ipv6: meta.ipv6,
+                    ipv6_ll: meta.ipv6_ll,
                 },
                 0,
             )

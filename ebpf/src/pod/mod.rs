@@ -72,6 +72,34 @@ pub struct PodAttachment {
     pub netns: PathBuf,
     pub identity: PodIdentity,
     pub limits: Limits,
+    /// The MAC address of the pod's interface. Its IPv6 link-local address (EUI-64, what the
+    /// kernel gives a new interface) is the only link-local source the pod may use; without
+    /// it the pod may send link-scoped IPv6 only from the unspecified address.
+    pub pod_mac: Option<[u8; 6]>,
+}
+
+/// The IPv6 link-local address the kernel gives an interface with `mac` (modified EUI-64,
+/// RFC 4291 appendix A; `addr_gen_mode` 0, the default in a new network namespace).
+pub fn eui64_link_local(mac: [u8; 6]) -> Ipv6Addr {
+    let [a, b, c, d, e, f] = mac;
+    Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        a ^ 0x02,
+        b,
+        c,
+        0xff,
+        0xfe,
+        d,
+        e,
+        f,
+    ])
 }
 
 /// What was applied.

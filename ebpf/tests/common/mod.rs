@@ -127,6 +127,7 @@ impl Fixture {
                 slot: SLOT,
                 ipv4: POD_IP.octets(),
                 ipv6: POD_IP6.octets(),
+                ipv6_ll: POD_LL.octets(),
                 ..Default::default()
             },
             0,
@@ -258,7 +259,7 @@ impl Fixture {
     /// filter, does not match it: 0).
     #[track_caller]
     pub fn passes_untouched(&self, pkt: &[u8], what: &str) {
-        for prog in programs::ALL {
+        for prog in programs::PACKET {
             let (ret, out) = self.run_data(prog, pkt, None);
             let pass = if prog == programs::NS_GATE {
                 0

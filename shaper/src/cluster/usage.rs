@@ -246,6 +246,7 @@ mod tests {
             counters,
             limits: Default::default(),
             rate_drops: [None; abi::NR_DIRS],
+            conns: Default::default(),
         }
     }
 

@@ -9,12 +9,16 @@
 //! | `aliasnet_pod_bytes_total` | namespace, pod, direction, class | counter |
 //! | `aliasnet_pod_packets_total` | namespace, pod, direction, class | counter |
 //! | `aliasnet_pod_drops_total` | namespace, pod, direction, reason | counter |
+//! | `aliasnet_pod_tcp_connections_refused_total` | namespace, pod | counter |
+//! | `aliasnet_pod_tcp_connections_relearnt_total` | namespace, pod | counter |
 //! | `aliasnet_pod_bandwidth_limit_bytes_per_second` | namespace, pod, direction, class | gauge |
 //! | `aliasnet_namespace_bandwidth_limit_bytes_per_second` | namespace, direction, class | gauge |
 //! | `aliasnet_node_bandwidth_limit_bytes_per_second` | direction, class | gauge |
 //! | `aliasnet_node_bytes_total` | direction, class | counter |
 //! | `aliasnet_node_packets_total` | direction, class | counter |
 //! | `aliasnet_datapath_pods` | | gauge |
+//! | `aliasnet_datapath_tcp_connections` | | gauge |
+//! | `aliasnet_datapath_tcp_connection_share` | | gauge |
 //! | `aliasnet_build_info` | component, version | gauge |
 //! | `aliasnet_datapath_backend_info` | backend | gauge |
 //!
@@ -26,10 +30,12 @@
 //! bytes on the host veth. `reason` is `blocked` (dropped by policy in the classifier),
 //! `spoofed` (egress only: sent from an address not the pod's, dropped on the host veth),
 //! `policed` (egress only: above the pod's egress limits, dropped on the host veth, which
-//! happens only when the pod removed its own shaping) or `rate` (dropped by the pod's shaping queue; read by [`Exporter::sample`], every 5 s in
+//! happens only when the pod removed its own shaping), `nd` and `gateway` (egress only:
+//! link-scoped IPv6 above its budget, other IPv6 to the node's link-scoped addresses) or
+//! `rate` (dropped by the pod's shaping queue; read by [`Exporter::sample`], every 5 s in
 //! shaperd, because it takes a netns switch per pod). With `--aggregate namespace` the per-pod
-//! families carry `namespace` instead of `namespace, pod`, and the per-pod limit gauges are
-//! left out.
+//! families carry `namespace` instead of `namespace, pod`, and the per-pod limit gauges and
+//! connection counters are left out.
 //!
 //! Counter continuity: per-pod counters are the kernel's, from the pod's attach. The node
 //! and namespace totals are sums over pods, so a detached pod would make them fall; the

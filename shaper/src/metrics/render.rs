@@ -26,6 +26,9 @@ struct Group {
     totals: Totals,
     /// Limits of the group's most recent attachment: `(attached_unix_ns, limits)`.
     limits: (u64, PodLimits),
+    /// Connections its attachments' shares refused, and learnt again.
+    conns_refused: u64,
+    conns_relearnt: u64,
 }
 
 impl Group {
@@ -68,6 +71,9 @@ struct Families {
     node_limits: abi::Rates,
     namespace_limits: Vec<(String, abi::Rates)>,
     pods: u64,
+    /// Entries of the connection table the pods hold, and each one's share.
+    conns_held: i64,
+    conn_share: u32,
     version: String,
 }
 
@@ -136,7 +142,7 @@ impl Collector for Families {
         )?;
         let mut m = enc.encode_descriptor(
             "aliasnet_pod_drops",
-            "Packets of the pod dropped by node policy (reason=blocked), by its bandwidth limit's queue (reason=rate), on its host veth as sent from an address not its own (reason=spoofed, egress only), or on its host veth above its egress limits when its own shaping was removed (reason=policed, egress only).",
+            "Packets of the pod dropped by node policy (reason=blocked), by its bandwidth limit's queue (reason=rate), on its host veth as sent from an address not its own (reason=spoofed, egress only), on its host veth above its egress limits when its own shaping was removed (reason=policed, egress only), as link-scoped IPv6 (neighbour discovery, MLD) above its rate (reason=nd, egress only), or as other IPv6 to the node's link-scoped addresses (reason=gateway, egress only).",
             None,
             MetricType::Counter,
         )?;
@@ -155,6 +161,34 @@ impl Collector for Families {
             let (l, n) = g.labels("direction", Direction::Egress.name(), "reason", "policed");
             ConstCounter::new(g.totals.counters.policed.packets)
                 .encode(m.encode_family(&&l[..n])?)?;
+            for (reason, i) in [("nd", abi::DROP_ND), ("gateway", abi::DROP_GATEWAY)] {
+                let (l, n) = g.labels("direction", Direction::Egress.name(), "reason", reason);
+                ConstCounter::new(g.totals.counters.dropped[i].packets)
+                    .encode(m.encode_family(&&l[..n])?)?;
+            }
+        }
+        if self.limits {
+            for (name, help, value) in [
+                (
+                    "aliasnet_pod_tcp_connections_refused",
+                    "TCP connections of the pod whose windows could not be clamped because its share of the node's connection table was full (see aliasnet_datapath_tcp_connection_share); counts from the pod's attachment.",
+                    (|g: &Group| g.conns_refused) as fn(&Group) -> u64,
+                ),
+                (
+                    "aliasnet_pod_tcp_connections_relearnt",
+                    "TCP connections of the pod learnt again from a packet after their entry in the connection table went (idle past its time to live); counts from the pod's attachment.",
+                    |g: &Group| g.conns_relearnt,
+                ),
+            ] {
+                let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+                for g in &self.groups {
+                    let l = match &g.pod {
+                        Some(pod) => [("namespace", g.namespace.as_str()), ("pod", pod.as_str())],
+                        None => continue,
+                    };
+                    ConstCounter::new(value(g)).encode(m.encode_family(&&l[..])?)?;
+                }
+            }
         }
         let names: Vec<Option<String>> = self.names();
         if self.limits {
@@ -228,6 +262,20 @@ impl Collector for Families {
             MetricType::Gauge,
         )?;
         ConstGauge::new(i64::try_from(self.pods).unwrap_or(i64::MAX)).encode(m)?;
+        let m = enc.encode_descriptor(
+            "aliasnet_datapath_tcp_connections",
+            "Entries of the node's TCP connection table (the window clamp's) that pods hold.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.conns_held).encode(m)?;
+        let m = enc.encode_descriptor(
+            "aliasnet_datapath_tcp_connection_share",
+            "Entries of the node's TCP connection table each pod may hold (the table's size over the pods attached, at least 64 pods' worth); a pod at its share learns no new connection.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(self.conn_share)).encode(m)?;
         let mut m = enc.encode_descriptor(
             "aliasnet_build_info",
             "Build of the aliasnet component serving this endpoint (value is always 1).",
@@ -261,6 +309,7 @@ pub(super) fn render(
     let mut index: HashMap<(&str, Option<&str>), usize> = HashMap::with_capacity(snap.pods.len());
     let mut groups: Vec<Group> = Vec::with_capacity(snap.pods.len());
     let mut live = Totals::default();
+    let mut conns_held = 0i64;
     for (p, d) in snap.pods.iter().zip(drops) {
         live.add(&p.counters, d);
         let pod = match opts.aggregation {
@@ -277,6 +326,9 @@ pub(super) fn render(
         });
         let g = &mut groups[i];
         g.totals.add(&p.counters, d);
+        g.conns_refused += p.conns.conns_refused;
+        g.conns_relearnt += p.conns.conns_relearnt;
+        conns_held += p.conns.conns.max(0);
         if p.attached_unix_ns >= g.limits.0 {
             g.limits = (p.attached_unix_ns, p.limits);
         }
@@ -309,6 +361,8 @@ pub(super) fn render(
         node_limits: snap.node_limits,
         namespace_limits: snap.namespace_limits.clone(),
         pods: snap.pods.len() as u64,
+        conns_held,
+        conn_share: snap.conn_share,
         version: opts.version.clone(),
     };
     let mut registry = Registry::default();

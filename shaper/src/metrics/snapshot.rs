@@ -45,6 +45,9 @@ pub struct PodSample {
     /// Packets dropped by the shaping queue, per direction index; `None` where the pod is not
     /// shaped or its queue could not be read this time.
     pub rate_drops: [Option<u64>; abi::NR_DIRS],
+    /// Its connections in the window clamp's table (held, refused, learnt again), from its
+    /// attachment on.
+    pub conns: abi::PodRt,
 }
 
 impl PodSample {
@@ -63,6 +66,8 @@ pub struct Snapshot {
     pub node_limits: abi::Rates,
     /// The namespaces with aggregate limits on this node, with them.
     pub namespace_limits: Vec<(String, abi::Rates)>,
+    /// The connection-table entries each pod may hold.
+    pub conn_share: u32,
 }
 
 /// Same attachment in both reads: the identity did not change while counters were read.
@@ -89,6 +94,7 @@ impl Snapshot {
                 continue;
             }
             let counters = dp.counters_of(slot)?;
+            let conns = dp.pod_rt(slot)?;
             let after = dp.meta_at(slot)?;
             if !same_attachment(&meta, &after) {
                 continue;
@@ -110,6 +116,7 @@ impl Snapshot {
                 counters,
                 limits: PodLimits(after.limits),
                 rate_drops: [None; abi::NR_DIRS],
+                conns,
             });
         }
         for (n, after) in class_names.iter_mut().zip(dp.class_names()?) {
@@ -132,6 +139,10 @@ impl Snapshot {
             class_names,
             node_limits: dp.entity(abi::NODE_ENTITY)?.limits,
             namespace_limits,
+            conn_share: match dp.config()?.conn_share {
+                0 => abi::CONN_SHARE_DEFAULT,
+                n => n,
+            },
         };
         if qdiscs {
             snap.read_rate_drops();

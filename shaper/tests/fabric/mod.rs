@@ -97,6 +97,7 @@ impl Fabric {
                 ipv6: None,
             },
             limits,
+            pod_mac: None,
         }
     }
 

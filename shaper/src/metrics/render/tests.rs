@@ -33,6 +33,7 @@ fn pod(slot: u32, ns: &str, name: &str, c: PodCounters) -> PodSample {
         counters: c,
         limits: PodLimits::default(),
         rate_drops: [None; 2],
+        conns: Default::default(),
     }
 }
 
@@ -74,8 +75,53 @@ fn per_pod_series_follow_the_maps() {
         packets: 9,
         bytes: 900,
     };
-    let b = pod(1, "team", "b", counters(1, 0));
-    let text = scrape(&mut l, &snap(vec![a, b.clone()]), &opts);
+    a.counters.dropped[abi::DROP_ND] = Counter {
+        packets: 11,
+        bytes: 1100,
+    };
+    a.counters.dropped[abi::DROP_GATEWAY] = Counter {
+        packets: 6,
+        bytes: 600,
+    };
+    a.conns.conns = 40;
+    a.conns.conns_refused = 12;
+    a.conns.conns_relearnt = 3;
+    let mut b = pod(1, "team", "b", counters(1, 0));
+    b.conns.conns = 2;
+    let text = scrape(
+        &mut l,
+        &Snapshot {
+            conn_share: 4096,
+            ..snap(vec![a, b.clone()])
+        },
+        &opts,
+    );
+    for (series, v) in [
+        (
+            r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="egress",reason="nd"}"#,
+            11,
+        ),
+        (
+            r#"aliasnet_pod_drops_total{namespace="team",pod="a",direction="egress",reason="gateway"}"#,
+            6,
+        ),
+        (
+            r#"aliasnet_pod_tcp_connections_refused_total{namespace="team",pod="a"}"#,
+            12,
+        ),
+        (
+            r#"aliasnet_pod_tcp_connections_relearnt_total{namespace="team",pod="a"}"#,
+            3,
+        ),
+        (
+            r#"aliasnet_pod_tcp_connections_refused_total{namespace="team",pod="b"}"#,
+            0,
+        ),
+        ("aliasnet_datapath_tcp_connections", 42),
+        ("aliasnet_datapath_tcp_connection_share", 4096),
+    ] {
+        assert_eq!(value(&text, series), Some(v), "{series}");
+    }
     assert_eq!(
         value(
             &text,
@@ -323,12 +369,13 @@ fn named_classes_are_class_labels_of_pods_and_node_totals() {
         !text.contains("class=\"class1\""),
         "an unused index has no series:\n{text}"
     );
-    // Per pod: bytes and packets of 2 directions x (3 + 2 classes), 6 drops, no limits.
+    // Per pod: bytes and packets of 2 directions x (3 + 2 classes), 8 drops, 2 connection
+    // counters, no limits.
     for p in ["a", "b"] {
         let n = series(&text, "aliasnet_pod_")
             .filter(|l| l.contains(&format!("pod=\"{p}\"")))
             .count();
-        assert_eq!(n, 4 * (3 + 2) + 6, "series of pod {p}");
+        assert_eq!(n, 4 * (3 + 2) + 8 + 2, "series of pod {p}");
     }
     // The node's: 2 directions x (4 + 2 classes) each for bytes and packets, from zero.
     assert_eq!(
@@ -405,12 +452,12 @@ fn namespace_aggregation_keeps_the_class_labels() {
         ),
         Some(0)
     );
-    // Per namespace: the per-pod families' series, once.
+    // Per namespace: the per-pod families' series, once (no connection counters).
     for ns in ["team", "other"] {
         let n = series(&text, "aliasnet_pod_")
             .filter(|l| l.contains(&format!("namespace=\"{ns}\"")))
             .count();
-        assert_eq!(n, 4 * (3 + 2) + 6, "series of namespace {ns}");
+        assert_eq!(n, 4 * (3 + 2) + 8, "series of namespace {ns}");
     }
     assert_promtool_passes(&text);
 }
