@@ -1,4 +1,7 @@
-//! Compiles every `*.bpf.c` in this directory with clang-19 into `OUT_DIR/<name>.o`.
+//! Compiles every `*.bpf.c` in this directory with clang-19 into `OUT_DIR/<name>.bpf.o`, and
+//! again with `-DAN_BENCH_SWITCHES` into `OUT_DIR/<name>.bench.bpf.o`: the benchmarks' build,
+//! whose programs obey the switches in `an_config.flags` (see `aliasnet_tuning.h`); the
+//! product's object has none.
 //!
 //! The kernel side is C: Rust BPF would need a nightly toolchain and bpf-linker, which the
 //! stable toolchain the project builds with does not provide. `ALIASNET_CLANG` overrides the
@@ -36,18 +39,21 @@ fn main() {
         "no *.bpf.c sources in {}",
         manifest.display()
     );
-    let objects: Vec<(PathBuf, PathBuf)> = sources
+    // (source, object, whether the benchmark switches are compiled in)
+    let objects: Vec<(PathBuf, PathBuf, bool)> = sources
         .into_iter()
-        .map(|src| {
+        .flat_map(|src| {
             println!("cargo:rerun-if-changed={}", src.display());
-            let stem = src
+            let name = src
                 .file_name()
                 .and_then(|n| n.to_str())
                 .expect("utf-8 file name")
-                .trim_end_matches(".c")
+                .trim_end_matches(".bpf.c")
                 .to_owned();
-            let obj = out.join(stem + ".o");
-            (src, obj)
+            [
+                (src.clone(), out.join(format!("{name}.bpf.o")), false),
+                (src, out.join(format!("{name}.bench.bpf.o")), true),
+            ]
         })
         .collect();
 
@@ -63,7 +69,7 @@ fn main() {
         );
         // Read by `datapath_object()` to explain the failure.
         println!("cargo:rustc-env=ALIASNET_EBPF_STUB_REASON={reason}");
-        for (_, obj) in &objects {
+        for (_, obj, _) in &objects {
             std::fs::write(obj, []).unwrap_or_else(|e| panic!("write {}: {e}", obj.display()));
         }
         return;
@@ -73,9 +79,13 @@ fn main() {
     // Kernel uapi headers (asm/types.h) live under the multiarch directory on Debian.
     let multiarch = format!("/usr/include/{}-linux-gnu", env::consts::ARCH);
     let include = manifest.join("include");
-    for (src, obj) in &objects {
-        compile(&clang, src, obj, &include, Path::new(&multiarch));
-    }
+    let multiarch = Path::new(&multiarch);
+    std::thread::scope(|s| {
+        for (src, obj, bench) in &objects {
+            let (clang, include) = (&clang, &include);
+            s.spawn(move || compile(clang, src, obj, *bench, include, multiarch));
+        }
+    });
 }
 
 /// Why `clang` cannot build the programs, if it cannot.
@@ -97,9 +107,10 @@ fn check_toolchain(clang: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn compile(clang: &str, src: &Path, obj: &Path, include: &Path, multiarch: &Path) {
+fn compile(clang: &str, src: &Path, obj: &Path, bench: bool, include: &Path, multiarch: &Path) {
     let output = Command::new(clang)
         .args(["-target", "bpf", "-O2", "-g", "-Wall", "-Wextra", "-Werror"])
+        .args(bench.then_some("-DAN_BENCH_SWITCHES"))
         .arg(format!("-I{}", include.display()))
         .arg(format!("-I{}", multiarch.display()))
         .arg("-c")

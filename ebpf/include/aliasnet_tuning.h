@@ -11,7 +11,9 @@
 
 /*
  * Benchmark switches: bits of an_config.flags. Never set by policy; benchmarks set them
- * to compare with and without a part of the datapath in one run.
+ * to compare with and without a part of the datapath in one run. Only the benchmarks'
+ * build of the object (compiled with AN_BENCH_SWITCHES: datapath.bench.bpf.o) reads them;
+ * the product's ignores them, so its per-packet path has no test of a switch.
  */
 /* The queue model: no CE marks, no pod-side drops. */
 #define AN_CFG_AQM_OFF 1

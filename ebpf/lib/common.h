@@ -78,10 +78,23 @@ static __always_inline __u64 seg_frame(__u64 rate, __u64 frame)
 	return f < frame ? f : frame;
 }
 
-/* Whether the part of the datapath that an_config.flags bit `off` switches off is on. */
+/*
+ * Whether the part of the datapath that an_config.flags bit `off` switches off is on. The
+ * switches exist in the benchmarks' build of the object only (AN_BENCH_SWITCHES); in the
+ * product's every part is always on and no packet reads the flags.
+ */
+#ifdef AN_BENCH_SWITCHES
 static __always_inline int feature_on(const struct an_config *cfg, __u32 off)
 {
 	return !cfg || !(cfg->flags & off);
 }
+#else
+static __always_inline int feature_on(const struct an_config *cfg, __u32 off)
+{
+	(void)cfg;
+	(void)off;
+	return 1;
+}
+#endif
 
 #endif /* ALIASNET_LIB_COMMON_H */

@@ -1,6 +1,7 @@
 //! Rust mirrors of `ebpf/include/aliasnet_tuning.h`: the sizes and thresholds of the queue
 //! model, flow isolation and the window clamp, which the qdiscs user space builds must match,
-//! and the benchmark switches in `an_config.flags`.
+//! and the benchmark switches in `an_config.flags` (obeyed by [`crate::BENCH_DATAPATH_OBJECT`]
+//! only).
 //!
 //! None of this is layout: changing a value changes behaviour, pinned maps stay valid, and
 //! [`crate::abi::ABI_VERSION`] does not change. `tests/headers.rs` checks the values against the

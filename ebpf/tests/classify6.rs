@@ -221,7 +221,8 @@ fn forged_ipv6_sources_are_dropped_and_neighbour_discovery_passes() {
 
 #[test]
 fn pod_egress_and_uplink_select_the_htb_class() {
-    let mut f = Fixture::with_policy();
+    // Flow isolation is switched off (the benchmarks' object): see queue_model.rs.
+    let mut f = Fixture::bench_with_policy();
     f.set_limit(Egress, abi::KIND_TOTAL, Some(100 * SLOW));
     f.set_limit(Egress, abi::KIND_INTERNET, Some(SLOW));
     let ctx = prio_ctx(6);

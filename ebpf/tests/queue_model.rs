@@ -164,7 +164,7 @@ fn a_gso_packet_is_queued_as_all_its_segments() {
 
 #[test]
 fn no_marking_without_a_limit_or_with_ecn_off() {
-    let mut f = Fixture::with_policy();
+    let mut f = Fixture::bench_with_policy();
     let ect = frame(ip("203.0.113.9"), POD_IP, ECT0);
     // No ingress limit: nothing is queued, nothing marked.
     assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
@@ -178,6 +178,12 @@ fn no_marking_without_a_limit_or_with_ecn_off() {
     assert_eq!((q.ce_marked, q.dropped), (0, 0));
     // Switched back on, the same traffic is marked.
     f.update_config(|c| c.flags &= !abi::CFG_AQM_OFF);
+    assert!(burst(&f, programs::HOST_EGRESS, &ect, 10).contains(&CE));
+
+    // The product's object has no switches: with every flag set it still marks.
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
+    f.update_config(|c| c.flags |= abi::CFG_AQM_OFF | abi::CFG_FLOWS_OFF | abi::CFG_CLAMP_OFF);
     assert!(burst(&f, programs::HOST_EGRESS, &ect, 10).contains(&CE));
 }
 
@@ -294,7 +300,7 @@ fn set_flows(f: &mut Fixture, table: u32, edit: impl Fn(&mut abi::Flow)) {
 
 #[test]
 fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
-    let mut f = Fixture::with_policy();
+    let mut f = Fixture::bench_with_policy();
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     let idx = abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL);
     let table = abi::flows_pod(SLOT, abi::DIR_INGRESS);
@@ -354,6 +360,12 @@ fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
     f.update_config(|c| c.flags &= !abi::CFG_FLOWS_OFF);
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, 0));
     assert_eq!(leaf(&f, &ping), abi::CLASSID_DIRECT);
+
+    // The product's object has no switch: the flag changes nothing.
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
+    f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
+    assert_eq!(leaf(&f, &ping), INGRESS_SPARSE);
 }
 
 #[test]

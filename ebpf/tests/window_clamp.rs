@@ -156,6 +156,21 @@ fn clamping_fixture(rate: u64) -> Fixture {
 }
 
 #[test]
+fn the_benchmarks_object_switches_the_clamp_off() {
+    let rate = 10_000_000;
+    let mut f = Fixture::bench_with_policy();
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, rate));
+    pod_connects(&f, Some(7), Some(9));
+    let c = conn(&mut f).expect("conn");
+    let want = clamped(rate, &c);
+    assert!(want < 65535);
+    let ack = tcp_seg(true, ACK, 65535, None);
+    assert_eq!(window_of(&host_in(&f, &ack)), want);
+    f.update_config(|c| c.flags |= abi::CFG_CLAMP_OFF);
+    assert_eq!(window_of(&host_in(&f, &ack)), 65535);
+}
+
+#[test]
 fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_queue() {
     let rate = 10_000_000;
     let mut f = clamping_fixture(rate);
@@ -188,11 +203,11 @@ fn tcp_windows_of_an_ingress_limited_pod_are_clamped_to_the_path_and_a_short_que
     let to_pod = tcp_seg(false, ACK, 65535, None);
     assert_eq!(window_of(&host_out(&f, &to_pod)), 65535);
 
-    // Switched off in an_config.flags: not clamped.
+    // The product's object has no switch: the benchmarks' flag changes nothing.
     f.update_config(|c| c.flags |= abi::CFG_CLAMP_OFF);
     assert_eq!(
         window_of(&host_in(&f, &tcp_seg(true, ACK, 65535, None))),
-        65535
+        want
     );
     f.update_config(|c| c.flags &= !abi::CFG_CLAMP_OFF);
 

@@ -9,7 +9,9 @@ use std::{
     time::Duration,
 };
 
-use aliasnet_ebpf::{abi, maps, AttachedPod, Datapath, Limits, PodAttachment, PodIdentity};
+use aliasnet_ebpf::{
+    abi, bench_datapath_object, maps, AttachedPod, Datapath, Limits, PodAttachment, PodIdentity,
+};
 use aliasnet_netns::NetNs;
 use aliasnet_shaper::Policy;
 use aliasnet_tests::{
@@ -102,7 +104,8 @@ impl Bench {
         };
         let pin_root = b.net.pin_root();
         let dp = b.in_node(|_| -> Result<Datapath> {
-            let (mut dp, _) = Datapath::install(pin_root)?;
+            // The benchmarks' build: it obeys the switches `set_features` sets.
+            let (mut dp, _) = Datapath::install_object(pin_root, bench_datapath_object()?)?;
             let policy = Policy::parse(BASE_POLICY).map_err(anyhow::Error::msg)?;
             dp.apply_policy(&policy)?;
             Ok(dp)

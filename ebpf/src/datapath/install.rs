@@ -59,6 +59,17 @@ impl Datapath {
     /// milliseconds, not the verifier. Whatever another installer pinned meanwhile is
     /// compared again under the lock, so concurrent installs end with one complete set.
     pub fn install(root: impl Into<PathBuf>) -> Result<(Self, InstallReport), DatapathError> {
+        Self::install_object(root, datapath_object()?)
+    }
+
+    /// [`Datapath::install`] with another build of the programs: benchmarks install
+    /// [`crate::bench_datapath_object`], whose programs obey the switches in
+    /// `an_config.flags`. Whichever build is installed later replaces the other's programs
+    /// as an upgrade would.
+    pub fn install_object(
+        root: impl Into<PathBuf>,
+        object: &[u8],
+    ) -> Result<(Self, InstallReport), DatapathError> {
         let pins = PinPaths::new(root);
         ensure_bpffs(&pins.root)?;
         create_pin_dirs(&pins)?;
@@ -67,7 +78,7 @@ impl Datapath {
             let mut report = InstallReport::default();
             let (mut ebpf, map_ids) = {
                 let _lock = Lock::exclusive(&pins.root)?;
-                open_maps(&pins, &mut report)?
+                open_maps(&pins, object, &mut report)?
             };
             verify(&mut ebpf)?;
             let _lock = Lock::exclusive(&pins.root)?;
@@ -106,6 +117,7 @@ impl Datapath {
 /// its programs not loaded yet, and the ids of the pinned maps it uses.
 fn open_maps(
     pins: &PinPaths,
+    object: &[u8],
     report: &mut InstallReport,
 ) -> Result<(aya::Ebpf, Vec<u32>), DatapathError> {
     for spec in &abi::MAPS {
@@ -135,9 +147,7 @@ fn open_maps(
         loader.map_pin_path(name, path.as_path());
     }
     // Creates and pins the missing maps; the programs are only loaded by `verify`.
-    let mut ebpf = loader
-        .load(datapath_object()?)
-        .map_err(DatapathError::Load)?;
+    let mut ebpf = loader.load(object).map_err(DatapathError::Load)?;
     {
         let map = ebpf
             .map_mut(maps::CONFIG)

@@ -11,7 +11,7 @@ mod v6;
 
 use std::net::Ipv4Addr;
 
-use aliasnet_ebpf::{abi, datapath_object, maps, programs};
+use aliasnet_ebpf::{abi, bench_datapath_object, datapath_object, maps, programs};
 use aya::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, MapData, PerCpuArray},
     programs::{SchedClassifier, TestRun, TestRunOptions},
@@ -103,11 +103,22 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    /// Loads the object with private maps, all programs, and the pod registered at SLOT.
+    /// Loads the product's object with private maps, all programs, and the pod registered at
+    /// SLOT.
     pub fn new() -> Self {
+        Self::load(datapath_object().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// [`Fixture::new`] with the benchmarks' object, whose programs obey the switches in
+    /// `an_config.flags`.
+    pub fn bench() -> Self {
+        Self::load(bench_datapath_object().unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn load(object: &[u8]) -> Self {
         require_root();
         let mut ebpf = EbpfLoader::new()
-            .load(datapath_object().unwrap_or_else(|e| panic!("{e}")))
+            .load(object)
             .expect("load datapath object");
         for name in programs::ALL {
             let prog: &mut SchedClassifier = ebpf
@@ -351,7 +362,16 @@ impl Fixture {
 
     /// The node policy most tests use.
     pub fn with_policy() -> Self {
-        let mut f = Self::new();
+        Self::new().policy()
+    }
+
+    /// [`Fixture::with_policy`] with the benchmarks' object.
+    pub fn bench_with_policy() -> Self {
+        Self::bench().policy()
+    }
+
+    fn policy(self) -> Self {
+        let mut f = self;
         f.prefix(0, (Ipv4Addr::new(10, 0, 0, 0), 8), abi::CLASS_INTERNAL);
         f.prefix(
             0,
