@@ -1,6 +1,6 @@
 //! ADD: reserve an address per family, build the veth pair with the peer born in the pod's
 //! netns, wire each address (/32 or /128 + link-local gateway; see `plan.rs`), attach the
-//! eBPF datapath (classification, counters, shaping; see `datapath/`), and return the result.
+//! eBPF datapath (classification, counters, shaping; see `attachment/`), and return the result.
 //! Any failure after something was created rolls everything back, the reservations included.
 //!
 //! The daemon's answer (which waits for its fsync) is the longest step, so the Allocate goes
@@ -20,11 +20,11 @@ use aliasnet_netlink::{link::format_mac, Link, NetlinkError, Removed, Rtnl};
 use aliasnet_netns::Spawned;
 
 use crate::{
-    datapath, ipam,
-    netlink::{self, to_cni, Pair},
-    netns::NetNs,
+    attachment, ipam,
     plan::{self, Plan},
+    pod_netns::PodNetns,
     sysctl,
+    veth::{self, to_cni, Pair},
 };
 
 /// The Allocate, from sending it to reading its answer.
@@ -95,7 +95,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<serde_json::Value, CniErro
         .as_ref()
         .map(CniResult::from_prev_result)
         .transpose()?;
-    let netns = NetNs::open(&env.netns)?;
+    let netns = PodNetns::open(&env.netns)?;
     // The pod's netlink socket is opened by a short-lived thread inside the pod's netns while
     // this one validates, opens the datapath and sends the Allocate.
     std::thread::scope(|s| {
@@ -109,7 +109,7 @@ fn add(
     env: &AttachEnv,
     args: &CniArgs,
     prev: Option<CniResult>,
-    netns: &NetNs,
+    netns: &PodNetns,
     pod_socket: Spawned<'_, Result<Rtnl, NetlinkError>>,
     t0: Instant,
 ) -> Result<serde_json::Value, CniError> {
@@ -117,10 +117,10 @@ fn add(
     let host_veth = host_veth_name(&conf.host_veth_prefix, &key);
     // Everything that can reject the pod without side effects comes before the Allocate: bad
     // bandwidth values, a limit we cannot honour, the datapath not pinned yet.
-    let wanted = datapath::requested(conf)?;
-    let mut dp = datapath::open_for_add(conf, &wanted)?;
+    let wanted = attachment::requested(conf)?;
+    let mut dp = attachment::open_for_add(conf, &wanted)?;
     if dp.is_some() {
-        datapath::check_identity(args, env)?;
+        attachment::check_identity(args, env)?;
     }
     let t_dp_open = t0.elapsed();
     // Connecting first means "daemon down" fails before anything exists (code 11).
@@ -178,9 +178,9 @@ fn add(
     // the veth and the lease.
     let res = res.and_then(|(result, plan)| {
         if let Some(dp) = dp.as_mut() {
-            let id = datapath::identity(args, env, plan.v4(), plan.v6());
-            let mac = datapath::sandbox_mac(&result);
-            datapath::attach(conf, dp, &host_veth, env, id, wanted.limits, mac)?;
+            let id = attachment::identity(args, env, plan.v4(), plan.v6());
+            let mac = attachment::sandbox_mac(&result);
+            attachment::attach(conf, dp, &host_veth, env, id, wanted.limits, mac)?;
         }
         Ok(result)
     });
@@ -207,7 +207,7 @@ fn host_socket(conf: &NetConf) -> Result<(Rtnl, u32), CniError> {
     let mut host = Rtnl::new().map_err(|e| to_cni(e.with_op("host: open a netlink socket")))?;
     let mtu = match conf.mtu {
         Some(m) => m,
-        None => netlink::uplink_mtu(&mut host)?,
+        None => veth::uplink_mtu(&mut host)?,
     };
     Ok((host, mtu))
 }
@@ -221,7 +221,7 @@ enum PodSocket<'s> {
 }
 
 impl PodSocket<'_> {
-    fn get(&mut self, netns: &NetNs) -> Result<&mut Rtnl, CniError> {
+    fn get(&mut self, netns: &PodNetns) -> Result<&mut Rtnl, CniError> {
         if let PodSocket::Starting(_) = self {
             let PodSocket::Starting(work) = std::mem::replace(self, PodSocket::Failed) else {
                 unreachable!("matched above")
@@ -253,7 +253,7 @@ enum Created {
 /// The veth pair to make, besides the pod's interface name.
 struct PairSpec<'a> {
     host_veth: &'a str,
-    netns: &'a NetNs,
+    netns: &'a PodNetns,
     mtu: u32,
 }
 
@@ -403,7 +403,7 @@ fn interface_exists(
     host: &mut Rtnl,
     host_veth: &str,
     ifname: &str,
-    netns: &NetNs,
+    netns: &PodNetns,
     existing: &Link,
     progress: &mut Progress,
 ) -> CniError {

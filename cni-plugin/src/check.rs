@@ -10,11 +10,11 @@ use aliasnet_netlink::{
 };
 
 use crate::{
-    datapath, ipam,
-    netlink::{to_cni, uplink_mtu},
-    netns::NetNs,
+    attachment, ipam,
     plan::{describe, FamilyPlan, Plan},
+    pod_netns::PodNetns,
     sysctl,
+    veth::{to_cni, uplink_mtu},
 };
 
 pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
@@ -47,7 +47,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
         .find(|i| i.name == veth && i.sandbox.is_none());
     let plan = Plan::from_prev_result(conf, &prev, pod_idx)?;
 
-    let netns = NetNs::open(&env.netns)?;
+    let netns = PodNetns::open(&env.netns)?;
     // One short-lived thread in the pod's netns: its socket, and its IPv6 sysctls.
     let v6 = plan.v6().is_some();
     let (pod, pod_sysctls) = netns.run(|| {
@@ -72,7 +72,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
         veth: &veth,
         ifname,
     };
-    let mut problems = links.check(
+    let mut problems = links.problems(
         &plan,
         want_mtu,
         host_if.and_then(|i| i.mac.as_deref()),
@@ -82,7 +82,7 @@ pub fn run(conf: &NetConf, env: &AttachEnv) -> Result<(), CniError> {
         problems.extend(sysctl::check_ipv6_forward());
         problems.extend(pod_sysctls);
     }
-    problems.extend(datapath::check(
+    problems.extend(attachment::problems(
         conf,
         &env.container_id,
         ifname,
@@ -135,7 +135,7 @@ struct Links<'a> {
 impl Links<'_> {
     /// The pair (both ends, peers of each other, up, the MTU and the MACs ADD reported), then
     /// every family of `plan`.
-    fn check(
+    fn problems(
         mut self,
         plan: &Plan,
         want_mtu: u32,

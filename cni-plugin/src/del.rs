@@ -17,7 +17,7 @@ use aliasnet_ipam_proto::{
 
 use aliasnet_netlink::{Removed, Rtnl};
 
-use crate::{datapath, ipam, netlink::to_cni};
+use crate::{attachment, ipam, veth::to_cni};
 
 pub fn run(conf: &NetConf, env: &DelEnv) -> Result<(), CniError> {
     let key = AttachmentKey::new(&conf.name, &env.container_id, &env.ifname);
@@ -25,7 +25,7 @@ pub fn run(conf: &NetConf, env: &DelEnv) -> Result<(), CniError> {
     // Before the veth goes (every path below deletes it): only the pod's map entries are
     // removed here; its cls_bpf filters and qdiscs go with the veth pair.
     let t0 = std::time::Instant::now();
-    datapath::detach(conf, &env.container_id, &env.ifname);
+    attachment::detach(conf, &env.container_id, &env.ifname);
     tracing::debug!(
         datapath_detach_us = t0.elapsed().as_micros() as u64,
         "DEL timings"

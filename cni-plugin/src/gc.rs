@@ -5,7 +5,7 @@
 use aliasnet_cni_types::{code, CniError, NetConf};
 use aliasnet_ipam_proto::{Attachment, Request, Response};
 
-use crate::{datapath, ipam};
+use crate::{attachment, ipam};
 
 pub fn run(conf: &NetConf) -> Result<(), CniError> {
     let Some(valid) = &conf.valid_attachments else {
@@ -43,7 +43,7 @@ pub fn run(conf: &NetConf) -> Result<(), CniError> {
         Err(e) => (Err(ipam::to_cni(&e)), Vec::new()),
     };
     // Best effort whatever the IPAM side did; failures are reported, not swallowed.
-    let dp_errors = datapath::gc(conf, &released);
+    let dp_errors = attachment::gc(conf, &released);
     match (ipam_result, dp_errors.is_empty()) {
         (Ok(()), true) => Ok(()),
         (Ok(()), false) => Err(CniError::new(code::DATAPATH, dp_errors.join("; "))),

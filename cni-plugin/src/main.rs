@@ -6,18 +6,18 @@
 #![deny(clippy::print_stdout)]
 
 mod add;
+mod attachment;
 mod check;
-mod datapath;
 mod del;
 mod gc;
 mod ipam;
 mod logging;
-mod netlink;
-mod netns;
 mod output;
 mod plan;
+mod pod_netns;
 mod status;
 mod sysctl;
+mod veth;
 
 use std::io::Read;
 

@@ -5,7 +5,7 @@
 use aliasnet_cni_types::{code, CniError, IpFamily, NetConf};
 use aliasnet_ipam_proto::{ClientError, PoolStats, Request, Response};
 
-use crate::{datapath, ipam};
+use crate::{attachment, ipam};
 
 pub fn run(conf: &NetConf) -> Result<(), CniError> {
     let req = Request::Status {
@@ -17,7 +17,7 @@ pub fn run(conf: &NetConf) -> Result<(), CniError> {
     };
     let unavailable = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
     // Local and cheap, so first.
-    datapath::status(conf).map_err(unavailable)?;
+    attachment::status(conf).map_err(unavailable)?;
     match ipam::call(conf, &req) {
         // The daemon answers for the listed families (for every family it serves when it
         // predates `families`, which is stricter): ready is final. Not ready with ipFamilies

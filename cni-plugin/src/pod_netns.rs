@@ -9,12 +9,12 @@ use aliasnet_cni_types::{code, CniError};
 use aliasnet_netns::{NetnsError, Spawned};
 
 /// An open network namespace.
-pub struct NetNs {
+pub struct PodNetns {
     ns: aliasnet_netns::NetNs,
     path: String,
 }
 
-impl NetNs {
+impl PodNetns {
     /// Open `CNI_NETNS`. A path that does not exist is code 3 (the container is gone: nothing
     /// to clean up); a path that is not a network namespace, or is the host's own, is code 4.
     pub fn open(path: &str) -> Result<Self, CniError> {
@@ -40,7 +40,7 @@ impl NetNs {
         self.ns.run(f).map_err(|e| to_cni(&self.path, e))
     }
 
-    /// Starts `f` on a short-lived thread of `scope` inside this namespace; [`NetNs::join`]
+    /// Starts `f` on a short-lived thread of `scope` inside this namespace; [`PodNetns::join`]
     /// collects it.
     pub fn spawn<'s, T: Send + 's>(
         &'s self,
@@ -96,20 +96,22 @@ mod tests {
     fn codes_follow_the_cni_spec() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("gone");
-        let e = NetNs::open(missing.to_str().unwrap())
+        let e = PodNetns::open(missing.to_str().unwrap())
             .err()
             .expect("missing");
         assert_eq!(e.code, code::UNKNOWN_CONTAINER, "{}", e.msg);
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").unwrap();
-        let e = NetNs::open(file.to_str().unwrap()).err().expect("a file");
+        let e = PodNetns::open(file.to_str().unwrap())
+            .err()
+            .expect("a file");
         assert_eq!(e.code, code::INVALID_ENV, "{}", e.msg);
         assert!(
             e.msg.contains("CNI_NETNS") && e.msg.contains("regular file"),
             "{}",
             e.msg
         );
-        let e = NetNs::open("/proc/self/ns/net").err().expect("our own");
+        let e = PodNetns::open("/proc/self/ns/net").err().expect("our own");
         assert_eq!(e.code, code::INVALID_ENV, "{}", e.msg);
         assert!(e.msg.contains("host's network namespace"), "{}", e.msg);
     }

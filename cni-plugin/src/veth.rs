@@ -1,5 +1,5 @@
-//! The plugin's netlink, over aliasnet-netlink: its failures as CNI errors (code 106), the
-//! uplink's MTU, and the requests that put a [`Plan`] on a veth pair, one batch per side.
+//! The veth pair over aliasnet-netlink: the requests that put a [`Plan`] on a pair, one batch per
+//! side; the uplink's MTU (the pair's default); netlink failures as CNI errors (code 106).
 
 use aliasnet_cni_types::{code, CniError};
 use aliasnet_netlink::{addr, link, neigh, route, Link, NetlinkError, Rtnl};

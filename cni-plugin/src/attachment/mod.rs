@@ -1,5 +1,6 @@
-//! The eBPF datapath from the plugin's side: which limits a pod asks for, whether and how to
-//! attach it (`datapath`: required / optional / off), and the DEL, CHECK, GC and STATUS parts.
+//! The pod's datapath attachment, from the plugin's side: which limits a pod asks for,
+//! whether and how to attach it (`datapath`: required / optional / off), and the DEL, CHECK,
+//! GC and STATUS parts.
 //!
 //! The pinned objects under `bpfPinRoot` are all that is needed: aliasnet-shaperd only has to
 //! have run once on the node. Every call here is blocking and runs in the node's network
@@ -217,7 +218,7 @@ pub fn detach(conf: &NetConf, container_id: &str, ifname: &str) {
 
 /// CHECK: the pod's attachment exists, belongs to this host veth and address, and carries the
 /// limits the config asks for now. Returns the problems found, each naming the piece.
-pub fn check(
+pub fn problems(
     conf: &NetConf,
     container_id: &str,
     ifname: &str,
