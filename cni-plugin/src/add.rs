@@ -176,11 +176,11 @@ fn add(
     let t_net = t0.elapsed();
     // Last step: on failure the library has undone its part and the rollback below removes
     // the veth and the lease.
-    let res = res.and_then(|(result, plan)| {
+    let res = res.and_then(|(result, plan, host_link)| {
         if let Some(dp) = dp.as_mut() {
             let id = attachment::identity(args, env, plan.v4(), plan.v6());
             let mac = attachment::sandbox_mac(&result);
-            attachment::attach(conf, dp, &host_veth, env, id, wanted.limits, mac)?;
+            attachment::attach(conf, dp, &host_link, netns, env, id, wanted.limits, mac)?;
         }
         Ok(result)
     });
@@ -258,6 +258,7 @@ struct PairSpec<'a> {
 }
 
 /// The network part of ADD: the pair, its sysctls, the addresses and routes of every family.
+/// Returns the result, the plan and the host veth as its creation echoed it.
 fn wire_pod(
     conf: &NetConf,
     env: &AttachEnv,
@@ -265,7 +266,7 @@ fn wire_pod(
     host: &mut Rtnl,
     pod: &mut PodSocket<'_>,
     progress: &mut Progress,
-) -> Result<(CniResult, Plan), CniError> {
+) -> Result<(CniResult, Plan, Link), CniError> {
     let t0 = Instant::now();
     let PairSpec {
         host_veth,
@@ -386,7 +387,7 @@ fn wire_pod(
         routes: plan.routes(),
         dns: conf.dns.clone().unwrap_or_default(),
     };
-    Ok((result, plan))
+    Ok((result, plan, host_link))
 }
 
 /// The host-side sysctls of a fresh host veth.

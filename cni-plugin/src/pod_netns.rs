@@ -34,6 +34,12 @@ impl PodNetns {
         self.ns.fd()
     }
 
+    /// The open namespace, for the datapath's attach (which then does not open the path
+    /// again).
+    pub fn open_ns(&self) -> &aliasnet_netns::NetNs {
+        &self.ns
+    }
+
     /// Runs `f` on a short-lived thread inside this namespace: the plugin's own threads never
     /// enter it. Sockets `f` creates stay bound to it.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, CniError> {

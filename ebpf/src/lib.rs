@@ -64,7 +64,8 @@ pub use error::{DatapathError, MultiError};
 pub use limits::{LimitError, Limits};
 pub use object::{bench_datapath_object, datapath_object, MissingObject, BENCH_DATAPATH_OBJECT};
 pub use pod::{
-    eui64_link_local, run_in_pod, AttachedPod, HookState, PodAttachment, PodHooks, PodIdentity,
+    eui64_link_local, run_in_pod, AttachHints, AttachedPod, HookState, PodAttachment, PodHooks,
+    PodIdentity,
     PodRecord, QdiscState, ShapingStats, Teardown,
 };
 pub use policy::{

@@ -62,6 +62,18 @@ impl HtbClass {
     }
 }
 
+/// The packet sizes link `l` hands its qdiscs (MTU, GSO and GRO maxima), as a link message
+/// reports them; `None` for a message without an MTU. A kernel that reports no GSO or GRO
+/// maximum has the classic 64 KiB one.
+pub fn link_sizes(l: &Link) -> Option<DeviceSizes> {
+    let or_64k = |v: u32| if v == 0 { 65_536 } else { v };
+    (l.mtu != 0).then(|| DeviceSizes {
+        mtu: l.mtu,
+        gso_max: or_64k(l.gso_max),
+        gro_max: or_64k(l.gro_max),
+    })
+}
+
 /// A route-netlink socket in the calling thread's network namespace (aliasnet-netlink's).
 pub struct Rtnl(aliasnet_netlink::Rtnl);
 
@@ -84,19 +96,11 @@ impl Rtnl {
         aliasnet_netlink::Rtnl::new().map(Self)
     }
 
-    /// The packet sizes device `ifindex` hands its qdiscs: MTU, GSO and GRO maxima. A kernel
-    /// that reports no GSO or GRO maximum has the classic 64 KiB one.
+    /// The packet sizes device `ifindex` hands its qdiscs: MTU, GSO and GRO maxima.
     pub fn link_sizes(&mut self, ifindex: u32) -> Result<DeviceSizes, NetlinkError> {
         let op = format!("get link {ifindex}");
         match self.0.link(ifindex)? {
-            Some(l) if l.mtu != 0 => {
-                let or_64k = |v: u32| if v == 0 { 65_536 } else { v };
-                Ok(DeviceSizes {
-                    mtu: l.mtu,
-                    gso_max: or_64k(l.gso_max),
-                    gro_max: or_64k(l.gro_max),
-                })
-            }
+            Some(l) if l.mtu != 0 => Ok(link_sizes(&l).expect("an MTU")),
             Some(_) => Err(NetlinkError::Decode {
                 op,
                 reason: "no link message with an MTU in the reply".to_owned(),

@@ -51,7 +51,7 @@ use netlink_packet_route::{
     RouteNetlinkMessage,
 };
 
-use crate::{tc::NLA_F_NESTED, NetlinkError, Rtnl};
+use crate::{tc::NLA_F_NESTED, NetlinkError, Reply, Request, Rtnl};
 
 /// Priority of our filters on every per-pod hook (lower runs first; 1 is the first).
 pub const FILTER_PRIO: u16 = 1;
@@ -191,21 +191,126 @@ pub fn is_absent(e: &NetlinkError) -> bool {
     matches!(e.errno(), Some(libc::ENOENT | libc::EINVAL | libc::ENODEV))
 }
 
+/// The request [`Rtnl::ensure_clsact`] sends, for a [`crate::Batch`]; its reply goes through
+/// [`clsact_added`].
+pub fn add_clsact(ifindex: u32) -> Request {
+    (
+        RouteNetlinkMessage::NewQueueDiscipline(clsact_message(ifindex)),
+        NLM_F_CREATE | NLM_F_EXCL,
+    )
+}
+
+/// How errors name [`add_clsact`].
+pub fn add_clsact_op(ifindex: u32) -> String {
+    format!("add clsact qdisc to ifindex {ifindex}")
+}
+
+/// The reply to [`add_clsact`]: whether the qdisc was created; one that exists already is
+/// fine (see [`Rtnl::ensure_clsact`]).
+pub fn clsact_added(reply: Reply) -> Result<bool, NetlinkError> {
+    match reply {
+        Ok(_) => Ok(true),
+        Err(e) if e.errno() == Some(libc::EEXIST) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The request [`Rtnl::set_bpf_filter`] sends, for a [`crate::Batch`]. It carries `prog` as a
+/// number: the descriptor must stay open until the batch is sent.
+pub fn bpf_filter(
+    ifindex: u32,
+    hook: Hook,
+    prog: BorrowedFd<'_>,
+    name: &str,
+    classid: Option<u32>,
+    mode: FilterMode,
+) -> Request {
+    let mut m = filter_message(ifindex, hook, FILTER_PRIO, FILTER_HANDLE);
+    m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
+    let mut opts = vec![
+        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+        TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
+        TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+    ];
+    if let Some(c) = classid {
+        opts.push(TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(c))));
+    }
+    m.attributes.push(TcAttribute::Options(opts));
+    // cls_bpf ignores NLM_F_REPLACE; what matters is no NLM_F_EXCL (replace an existing
+    // filter) and NLM_F_CREATE or not (may create one).
+    let flags = match mode {
+        FilterMode::CreateOrReplace => NLM_F_CREATE | NLM_F_REPLACE,
+        FilterMode::ReplaceOnly => NLM_F_REPLACE,
+    };
+    (RouteNetlinkMessage::NewTrafficFilter(m), flags)
+}
+
+/// How errors name [`bpf_filter`].
+pub fn bpf_filter_op(ifindex: u32, hook: Hook, name: &str) -> String {
+    format!(
+        "attach {name} to ifindex {ifindex} {} (cls_bpf)",
+        hook.name()
+    )
+}
+
+/// The request [`Rtnl::set_gate_filter`] sends, for a [`crate::Batch`]; `prog` must stay open
+/// until the batch is sent.
+pub fn gate_filter(
+    ifindex: u32,
+    hook: Hook,
+    prog: BorrowedFd<'_>,
+    name: &str,
+    target: u32,
+) -> Request {
+    let mut mirror = TcMirror::default();
+    mirror.generic.action = TcActionType::Stolen;
+    mirror.eaction = TcMirrorActionType::EgressRedir;
+    mirror.ifindex = target;
+    let mut action = TcAction::default();
+    action.tab = 1;
+    action
+        .attributes
+        .push(TcActionAttribute::Kind("mirred".to_owned()));
+    action
+        .attributes
+        .push(TcActionAttribute::Options(vec![TcActionOption::Mirror(
+            TcActionMirrorOption::Parms(mirror),
+        )]));
+    let actions = [action];
+    let mut buf = vec![0u8; actions.as_slice().buffer_len()];
+    actions.as_slice().emit(&mut buf);
+    let mut m = filter_message(ifindex, hook, GATE_PRIO, FILTER_HANDLE);
+    m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
+    m.attributes.push(TcAttribute::Options(vec![
+        TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
+        TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
+        TcOption::Bpf(TcFilterBpfOption::Other(DefaultNla::new(
+            TCA_BPF_ACT | NLA_F_NESTED,
+            buf,
+        ))),
+    ]));
+    (
+        RouteNetlinkMessage::NewTrafficFilter(m),
+        NLM_F_CREATE | NLM_F_REPLACE,
+    )
+}
+
+/// How errors name [`gate_filter`].
+pub fn gate_filter_op(ifindex: u32, hook: Hook, name: &str, target: u32) -> String {
+    format!(
+        "attach {name} to ifindex {ifindex} {} with a redirect to ifindex {target}",
+        hook.name()
+    )
+}
+
 impl Rtnl {
     /// Adds a clsact qdisc to `ifindex`; returns whether it was created. One that exists
     /// already is fine: `NLM_F_EXCL` on an existing `ffff:` ingress-side qdisc is the kernel's
     /// "Exclusivity flag on, cannot modify" (`EEXIST`), the only `EEXIST` this request can get.
     /// Any other error is returned.
     pub fn ensure_clsact(&mut self, ifindex: u32) -> Result<bool, NetlinkError> {
-        match self.request(
-            RouteNetlinkMessage::NewQueueDiscipline(clsact_message(ifindex)),
-            NLM_F_CREATE | NLM_F_EXCL,
-            &format!("add clsact qdisc to ifindex {ifindex}"),
-        ) {
-            Ok(_) => Ok(true),
-            Err(e) if e.errno() == Some(libc::EEXIST) => Ok(false),
-            Err(e) => Err(e),
-        }
+        let (msg, flags) = add_clsact(ifindex);
+        clsact_added(self.request(msg, flags, &add_clsact_op(ifindex)))
     }
 
     /// Deletes the clsact qdisc of `ifindex` (and with it every filter on it); returns
@@ -235,31 +340,8 @@ impl Rtnl {
         classid: Option<u32>,
         mode: FilterMode,
     ) -> Result<(), NetlinkError> {
-        let mut m = filter_message(ifindex, hook, FILTER_PRIO, FILTER_HANDLE);
-        m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
-        let mut opts = vec![
-            TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
-            TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
-            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
-        ];
-        if let Some(c) = classid {
-            opts.push(TcOption::Bpf(TcFilterBpfOption::ClassId(TcHandle::from(c))));
-        }
-        m.attributes.push(TcAttribute::Options(opts));
-        // cls_bpf ignores NLM_F_REPLACE; what matters is no NLM_F_EXCL (replace an existing
-        // filter) and NLM_F_CREATE or not (may create one).
-        let flags = match mode {
-            FilterMode::CreateOrReplace => NLM_F_CREATE | NLM_F_REPLACE,
-            FilterMode::ReplaceOnly => NLM_F_REPLACE,
-        };
-        self.request(
-            RouteNetlinkMessage::NewTrafficFilter(m),
-            flags,
-            &format!(
-                "attach {name} to ifindex {ifindex} {} (cls_bpf)",
-                hook.name()
-            ),
-        )?;
+        let (msg, flags) = bpf_filter(ifindex, hook, prog, name, classid, mode);
+        self.request(msg, flags, &bpf_filter_op(ifindex, hook, name))?;
         Ok(())
     }
 
@@ -274,41 +356,8 @@ impl Rtnl {
         name: &str,
         target: u32,
     ) -> Result<(), NetlinkError> {
-        let mut mirror = TcMirror::default();
-        mirror.generic.action = TcActionType::Stolen;
-        mirror.eaction = TcMirrorActionType::EgressRedir;
-        mirror.ifindex = target;
-        let mut action = TcAction::default();
-        action.tab = 1;
-        action
-            .attributes
-            .push(TcActionAttribute::Kind("mirred".to_owned()));
-        action
-            .attributes
-            .push(TcActionAttribute::Options(vec![TcActionOption::Mirror(
-                TcActionMirrorOption::Parms(mirror),
-            )]));
-        let actions = [action];
-        let mut buf = vec![0u8; actions.as_slice().buffer_len()];
-        actions.as_slice().emit(&mut buf);
-        let mut m = filter_message(ifindex, hook, GATE_PRIO, FILTER_HANDLE);
-        m.attributes.push(TcAttribute::Kind("bpf".to_owned()));
-        m.attributes.push(TcAttribute::Options(vec![
-            TcOption::Bpf(TcFilterBpfOption::ProgFd(prog.as_raw_fd() as u32)),
-            TcOption::Bpf(TcFilterBpfOption::ProgName(name.to_owned())),
-            TcOption::Bpf(TcFilterBpfOption::Other(DefaultNla::new(
-                TCA_BPF_ACT | NLA_F_NESTED,
-                buf,
-            ))),
-        ]));
-        self.request(
-            RouteNetlinkMessage::NewTrafficFilter(m),
-            NLM_F_CREATE | NLM_F_REPLACE,
-            &format!(
-                "attach {name} to ifindex {ifindex} {} with a redirect to ifindex {target}",
-                hook.name()
-            ),
-        )?;
+        let (msg, flags) = gate_filter(ifindex, hook, prog, name, target);
+        self.request(msg, flags, &gate_filter_op(ifindex, hook, name, target))?;
         Ok(())
     }
 

@@ -15,8 +15,11 @@ use aliasnet_cni_types::{
     code, limits::Requested, AttachEnv, CniArgs, CniError, CniResult, DatapathMode, Limits, NetConf,
 };
 use aliasnet_ebpf::{
-    abi, Datapath, DatapathError, PodAttachment, PodIdentity, PodRecord, Teardown,
+    abi, AttachHints, Datapath, DatapathError, PodAttachment, PodIdentity, PodRecord, Teardown,
 };
+use aliasnet_netlink::Link;
+
+use crate::pod_netns::PodNetns;
 
 /// The limits in `runtimeConfig.bandwidth` and the pod annotations, validated: a bad value is
 /// code 7 naming the field.
@@ -154,25 +157,33 @@ pub fn sandbox_mac(result: &CniResult) -> Option<[u8; 6]> {
 }
 
 /// ADD, last step: attach the pinned programs to the pod and record it. On failure the
-/// library has undone its part; the caller rolls back the rest.
+/// library has undone its part; the caller rolls back the rest. `host_veth` is the host
+/// veth as its creation echoed it, `netns` the pod's namespace ADD opened: the library looks
+/// up neither again.
+#[allow(clippy::too_many_arguments)]
 pub fn attach(
     conf: &NetConf,
     dp: &mut Datapath,
-    host_veth: &str,
+    host_veth: &Link,
+    netns: &PodNetns,
     env: &AttachEnv,
     identity: PodIdentity,
     limits: Limits,
     pod_mac: Option<[u8; 6]>,
 ) -> Result<(), CniError> {
     let att = PodAttachment {
-        host_ifname: host_veth.to_owned(),
+        host_ifname: host_veth.name.clone(),
         netns: PathBuf::from(&env.netns),
         identity,
         limits,
         pod_mac,
     };
+    let hints = AttachHints {
+        host_veth: Some(host_veth),
+        netns: Some(netns.open_ns()),
+    };
     let a = dp
-        .attach_pod(&att)
+        .attach_pod_with(&att, hints)
         .map_err(|e| to_cni(conf, "attach the eBPF datapath", &e))?;
     tracing::info!(
         slot = a.slot,

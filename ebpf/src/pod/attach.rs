@@ -9,7 +9,7 @@ use std::{
 use aya::maps::PerCpuValues;
 use tracing::{info, warn};
 
-use super::{effective, fixed, ifindex, AttachedPod, PodAttachment, Teardown};
+use super::{effective, fixed, ifindex, AttachHints, AttachedPod, PodAttachment, Teardown};
 use crate::{
     abi::{self, Direction, PodKey},
     datapath::{index, pins::PinPaths, Datapath},
@@ -18,7 +18,7 @@ use crate::{
     maps,
     netlink::{
         clsact::{self, FilterMode, Hook},
-        Rtnl,
+        link_sizes, Rtnl,
     },
     netns, programs,
     shape::Shape,
@@ -171,6 +171,16 @@ impl Datapath {
     /// failure everything done is undone. Blocking; call from a plain thread (or
     /// `spawn_blocking`) in the node's network namespace with bpffs visible.
     pub fn attach_pod(&mut self, req: &PodAttachment) -> Result<AttachedPod, DatapathError> {
+        self.attach_pod_with(req, AttachHints::default())
+    }
+
+    /// [`Datapath::attach_pod`] with what the caller already holds of the pod (the host
+    /// veth's creation echo, the open pod netns): what it gives is not looked up again.
+    pub fn attach_pod_with(
+        &mut self,
+        req: &PodAttachment,
+        hints: AttachHints<'_>,
+    ) -> Result<AttachedPod, DatapathError> {
         let id = &req.identity;
         req.limits.validate()?;
         if id.container_id.is_empty() {
@@ -213,18 +223,34 @@ impl Datapath {
             });
         }
         // The namespace as it is now: later visits check that the path still names it.
-        if let Ok(st) = std::fs::metadata(&req.netns) {
-            meta.netns_dev = st.dev();
-            meta.netns_ino = st.ino();
+        let netns_id = match hints.netns {
+            Some(ns) => ns.identity().ok(),
+            None => std::fs::metadata(&req.netns)
+                .ok()
+                .map(|st| (st.dev(), st.ino())),
+        };
+        if let Some((dev, ino)) = netns_id {
+            meta.netns_dev = dev;
+            meta.netns_ino = ino;
         }
         if let Some(mac) = req.pod_mac {
             meta.ipv6_ll = super::eui64_link_local(mac).octets();
         }
-        let host_ifindex = ifindex(&req.host_ifname)?;
-        meta.host_ifindex = host_ifindex;
+        let mut rt = Rtnl::new()?;
         // Every size of the pod's shaping points derives from its veth's frame (the plugin
         // gives both ends the same MTU).
-        let sizes = Rtnl::new()?.link_sizes(host_ifindex)?;
+        let echoed = hints
+            .host_veth
+            .filter(|l| l.name == req.host_ifname)
+            .and_then(|l| Some((l.index, link_sizes(l)?)));
+        let (host_ifindex, sizes) = match echoed {
+            Some(known) => known,
+            None => {
+                let i = ifindex(&req.host_ifname)?;
+                (i, rt.link_sizes(i)?)
+            }
+        };
+        meta.host_ifindex = host_ifindex;
         meta.frame = u32::try_from(sizes.frame()).unwrap_or(u32::MAX);
         meta.gso_max = u32::try_from(sizes.aggregate_max()).unwrap_or(u32::MAX);
         let key = PodKey::of(&meta);
@@ -252,7 +278,7 @@ impl Datapath {
             self.teardown(slot, &old, Teardown::Full)?;
         }
         let slot = self.free_slot(&key)?;
-        match self.attach_slot(slot, &key, &mut meta, req) {
+        match self.attach_slot(slot, &key, &mut meta, req, &mut rt, hints.netns) {
             Ok(attached) => {
                 self.bump_pods_epoch()?;
                 info!(
@@ -278,6 +304,8 @@ impl Datapath {
         key: &PodKey,
         meta: &mut abi::PodMeta,
         req: &PodAttachment,
+        rt: &mut Rtnl,
+        pod_netns: Option<&netns::NetNs>,
     ) -> Result<AttachedPod, DatapathError> {
         // The index entry goes in before the metadata it points to (see `crate::index`).
         self.index
@@ -341,37 +369,57 @@ impl Datapath {
                 .map_err(|e| DatapathError::map(maps::POD_IPS6, e))?;
         }
 
-        // Host veth: classify, count and drop blocked traffic in both directions.
-        let mut rt = Rtnl::new()?;
-        rt.ensure_clsact(meta.host_ifindex)?;
-        attach_filter(
-            &mut rt,
-            &self.pins,
-            meta.host_ifindex,
-            Hook::Ingress,
-            programs::HOST_INGRESS,
-            None,
-        )?;
-        attach_filter(
-            &mut rt,
-            &self.pins,
-            meta.host_ifindex,
-            Hook::Egress,
-            programs::HOST_EGRESS,
-            None,
-        )?;
-        if ns_in != 0 {
-            attach_gate(&mut rt, &self.pins, meta.host_ifindex, ns_in)?;
+        // Host veth: classify, count and drop blocked traffic in both directions. The clsact
+        // qdisc and the filters go in one batch: the kernel takes them in order.
+        let i = meta.host_ifindex;
+        let open = |name: &str| {
+            let path = self.pins.prog(name);
+            clsact::open_pinned(&path).map_err(|e| DatapathError::io("open", &path, e))
+        };
+        let (ingress, egress) = (open(programs::HOST_INGRESS)?, open(programs::HOST_EGRESS)?);
+        let gate = (ns_in != 0).then(|| open(programs::NS_GATE)).transpose()?;
+        let mut batch = rt.batch();
+        batch.add(clsact::add_clsact(i), clsact::add_clsact_op(i));
+        for (hook, name, prog) in [
+            (Hook::Ingress, programs::HOST_INGRESS, &ingress),
+            (Hook::Egress, programs::HOST_EGRESS, &egress),
+        ] {
+            batch.add(
+                clsact::bpf_filter(
+                    i,
+                    hook,
+                    prog.as_fd(),
+                    name,
+                    None,
+                    FilterMode::CreateOrReplace,
+                ),
+                clsact::bpf_filter_op(i, hook, name),
+            );
         }
-        reconcile_host_side(&mut rt, meta, true)?;
+        if let Some(g) = &gate {
+            let (hook, name) = (Hook::Egress, programs::NS_GATE);
+            batch.add(
+                clsact::gate_filter(i, hook, g.as_fd(), name, ns_in),
+                clsact::gate_filter_op(i, hook, name, ns_in),
+            );
+        }
+        let mut replies = batch.replies()?.into_iter();
+        clsact::clsact_added(replies.next().unwrap_or(Ok(Vec::new())))?;
+        for r in replies {
+            r?;
+        }
+        drop((ingress, egress, gate));
+        reconcile_host_side(rt, meta, true)?;
 
         // Pod side, only for egress limits: entering the netns is the costliest step left.
         if pod_classes(meta, Direction::Egress).is_some() {
             let pins = self.pins.clone();
             let pod_meta = *meta;
-            meta.pod_ifindex = netns::run_in(&req.netns, || {
-                reconcile_pod_side(&pins, slot, &pod_meta, true)
-            })??;
+            let pod_side = || reconcile_pod_side(&pins, slot, &pod_meta, true);
+            meta.pod_ifindex = match pod_netns {
+                Some(ns) => ns.run(pod_side)??,
+                None => netns::run_in(&req.netns, pod_side)??,
+            };
             self.meta
                 .set(slot, *meta, 0)
                 .map_err(|e| DatapathError::map(maps::POD_META, e))?;

@@ -102,6 +102,19 @@ pub fn eui64_link_local(mac: [u8; 6]) -> Ipv6Addr {
     ])
 }
 
+/// What the caller of [`crate::Datapath::attach_pod_with`] already holds of the pod, so that
+/// the attach does not look it up again. Each is optional: what is missing is looked up.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AttachHints<'a> {
+    /// The host veth as the kernel described it when it was created (the veth's echo): its
+    /// index and packet sizes. Ignored unless its name is [`PodAttachment::host_ifname`].
+    pub host_veth: Option<&'a crate::netlink::Link>,
+    /// The pod's network namespace, already open (and checked) at [`PodAttachment::netns`]:
+    /// its identity is read from it, and the pod side is wired in it, without opening the
+    /// path again.
+    pub netns: Option<&'a crate::netns::NetNs>,
+}
+
 /// What was applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttachedPod {
