@@ -165,6 +165,14 @@ pub(super) fn remove_pod_side(pod_ifindex: u32) -> Result<(), DatapathError> {
     Ok(())
 }
 
+/// Where an attach wires the pod: its netns (open, or by path) and whether its host veth was
+/// created for this attach (then it has nothing of an earlier one on it).
+struct Devices<'a> {
+    netns_path: &'a std::path::Path,
+    netns: Option<&'a netns::NetNs>,
+    new_veth: bool,
+}
+
 impl Datapath {
     /// Attaches the datapath to a pod (CNI ADD). Idempotent per (container ID, ifname): an
     /// existing attachment with that key, or on the same host veth, is torn down first. On
@@ -278,7 +286,12 @@ impl Datapath {
             self.teardown(slot, &old, Teardown::Full)?;
         }
         let slot = self.free_slot(&key)?;
-        match self.attach_slot(slot, &key, &mut meta, req, &mut rt, hints.netns) {
+        let devices = Devices {
+            netns_path: &req.netns,
+            netns: hints.netns,
+            new_veth: echoed.is_some(),
+        };
+        match self.attach_slot(slot, &key, &mut meta, &mut rt, devices) {
             Ok(attached) => {
                 self.bump_pods_epoch()?;
                 info!(
@@ -303,9 +316,8 @@ impl Datapath {
         slot: u32,
         key: &PodKey,
         meta: &mut abi::PodMeta,
-        req: &PodAttachment,
         rt: &mut Rtnl,
-        pod_netns: Option<&netns::NetNs>,
+        devices: Devices<'_>,
     ) -> Result<AttachedPod, DatapathError> {
         // The index entry goes in before the metadata it points to (see `crate::index`).
         self.index
@@ -409,16 +421,19 @@ impl Datapath {
             r?;
         }
         drop((ingress, egress, gate));
-        reconcile_host_side(rt, meta, true)?;
+        // A veth created for this attach has no qdisc of an earlier one to remove.
+        if !devices.new_veth || pod_classes(meta, Direction::Ingress).is_some() {
+            reconcile_host_side(rt, meta, true)?;
+        }
 
         // Pod side, only for egress limits: entering the netns is the costliest step left.
         if pod_classes(meta, Direction::Egress).is_some() {
             let pins = self.pins.clone();
             let pod_meta = *meta;
             let pod_side = || reconcile_pod_side(&pins, slot, &pod_meta, true);
-            meta.pod_ifindex = match pod_netns {
+            meta.pod_ifindex = match devices.netns {
                 Some(ns) => ns.run(pod_side)??,
-                None => netns::run_in(&req.netns, pod_side)??,
+                None => netns::run_in(devices.netns_path, pod_side)??,
             };
             self.meta
                 .set(slot, *meta, 0)

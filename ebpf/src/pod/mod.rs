@@ -106,8 +106,9 @@ pub fn eui64_link_local(mac: [u8; 6]) -> Ipv6Addr {
 /// the attach does not look it up again. Each is optional: what is missing is looked up.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct AttachHints<'a> {
-    /// The host veth as the kernel described it when it was created (the veth's echo): its
-    /// index and packet sizes. Ignored unless its name is [`PodAttachment::host_ifname`].
+    /// The host veth as the kernel described it when it was created for this attach (the
+    /// veth's echo): its index and packet sizes, and nothing of an earlier attach on it to
+    /// remove. Ignored unless its name is [`PodAttachment::host_ifname`].
     pub host_veth: Option<&'a crate::netlink::Link>,
     /// The pod's network namespace, already open (and checked) at [`PodAttachment::netns`]:
     /// its identity is read from it, and the pod side is wired in it, without opening the
