@@ -27,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+use aliasnet_ipam_proto::Family;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper_util::{
@@ -36,7 +37,7 @@ use hyper_util::{
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam, state::MetaPool};
+use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam};
 
 /// Largest metadata document accepted (a NIC has at most 256 addresses: a few tens of KiB).
 const MAX_BODY: usize = 1 << 20;
@@ -280,9 +281,9 @@ pub async fn run(
                             st.apply_metadata_read(idx, &parsed.secondary, &parsed.secondary6, now);
                         st.set_metadata_status(idx, |m| {
                             m.last_success_ms = Some(now);
-                            m.primaries = match idx {
-                                MetaPool::V4(_) => parsed.primaries.len(),
-                                MetaPool::V6(_) => parsed.primaries6.len(),
+                            m.primaries = match idx.family {
+                                Family::Ipv4 => parsed.primaries.len(),
+                                Family::Ipv6 => parsed.primaries6.len(),
                             } as u64;
                         });
                         c
@@ -293,9 +294,9 @@ pub async fn run(
                             pool,
                             added = ?change.added,
                             removed = ?change.removed,
-                            addresses = match idx {
-                                MetaPool::V4(_) => parsed.secondary.len(),
-                                MetaPool::V6(_) => parsed.secondary6.len(),
+                            addresses = match idx.family {
+                                Family::Ipv4 => parsed.secondary.len(),
+                                Family::Ipv6 => parsed.secondary6.len(),
                             },
                             "metadata changed"
                         );

@@ -8,7 +8,7 @@ use aliasnet_ipam_proto::Family;
 
 use super::addr::{
     parse_any_cidr, parse_any_exclusion, parse_any_ip, parse_any_range, parse_cidr, parse_ip,
-    parse_range, subtract, subtract6, AnyRange,
+    parse_range, subtract, subtract6, AnyRange, Span,
 };
 use super::parse::RawPool;
 use super::reserved::{reserved_in, reserved_in6};
@@ -82,17 +82,23 @@ pub struct PoolSpec {
 }
 
 impl PoolSpec {
-    pub fn is_excluded(&self, addr: u32) -> bool {
-        self.exclude
+    /// The usable addresses as allocator values ([`crate::lease::Addr`]: an IPv4 address is
+    /// its 32-bit value), whichever family the pool serves: sorted, disjoint ranges.
+    pub fn address_ranges(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
+        self.ranges
             .iter()
-            .any(|r| r.first <= addr && addr <= r.last)
+            .map(Span::bounds)
+            .chain(self.ranges6.iter().map(Span::bounds))
     }
 
-    /// Whether an IPv6 exclusion covers `addr` (metadata pools apply them to what they read).
-    pub fn is_excluded6(&self, addr: u128) -> bool {
-        self.exclude6
+    /// Whether an exclusion covers `addr` (an allocator value of either family; metadata pools
+    /// apply the exclusions to the addresses they read).
+    pub fn is_excluded(&self, addr: u128) -> bool {
+        self.exclude
             .iter()
-            .any(|r| r.first <= addr && addr <= r.last)
+            .map(Span::bounds)
+            .chain(self.exclude6.iter().map(Span::bounds))
+            .any(|(first, last)| first <= addr && addr <= last)
     }
 }
 

@@ -181,14 +181,14 @@ fn prefix_and_metadata_pools() {
     assert_eq!(imds.authority, "169.254.169.254:80");
     assert_eq!(imds.refresh_min, Duration::from_secs(4));
     assert_eq!(imds.refresh_max, Duration::from_secs(1024));
-    assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9))));
+    assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9)).into()));
     let six = parse(
         "[[pool]]\nname=\"nic6\"\nsource=\"azure-imds\"\nfamily=\"ipv6\"\n\
          exclude=[\"fd00:8::99\", \"10.1.0.9\"]\n",
     )
     .unwrap();
     assert_eq!(six.pools[0].family, aliasnet_ipam_proto::Family::Ipv6);
-    assert!(six.pools[0].is_excluded6(u128::from("fd00:8::99".parse::<Ipv6Addr>().unwrap())));
+    assert!(six.pools[0].is_excluded(u128::from("fd00:8::99".parse::<Ipv6Addr>().unwrap())));
     assert!(six.pools[0].exclude.is_empty() && six.pools[0].imds.is_some());
     assert_eq!(six.warnings.len(), 1, "{:?}", six.warnings);
     let d = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
@@ -425,4 +425,40 @@ fn reserved_addresses_are_left_out_of_static_and_prefix_pools_with_a_warning() {
         65_536,
         &["fe80::-fe80::ffff"],
     );
+}
+
+#[test]
+fn ipv6_pools_are_accepted_and_mixing_is_refused() {
+    let c = parse(
+        "[[pool]]\nname=\"p6\"\nsource=\"static\"\ncidrs=[\"fd00:240::/112\"]\n\
+         ranges=[\"fd00:241::10-fd00:241::1f\"]\nips=[\"fd00:242::1\"]\n\
+         exclude=[\"fd00:240::/120\", \"fd00:241::10\", \"10.0.0.1\"]\n\
+         [[pool]]\nname=\"aws\"\nsource=\"prefixes\"\nprefixes=[\"2001:db8:1:2:3::/80\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.pools[0].family, aliasnet_ipam_proto::Family::Ipv6);
+    assert_eq!(c.pools[0].size, 65536 - 256 + 16 - 1 + 1);
+    assert_eq!(c.pools[1].size, 1 << 48);
+    assert!(
+        c.warnings.iter().any(|w| w.contains("exclude[2]")),
+        "{:?}",
+        c.warnings
+    );
+    let e = err(
+        "[[pool]]\nname=\"mixed\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/30\", \"fd00::/126\"]\n",
+    );
+    assert!(
+        e.contains("pool 'mixed'") && e.contains("mixes IPv4"),
+        "{e}"
+    );
+    let e = err("[[pool]]\nname=\"low\"\nsource=\"static\"\ncidrs=[\"::/64\"]\n");
+    assert!(e.contains("::/96"), "{e}");
+    let e = err(
+        "[[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"fd00::/120\"]\n\
+         [[pool]]\nname=\"b\"\nsource=\"static\"\nips=[\"fd00::7\"]\n",
+    );
+    assert!(e.contains("overlap"), "{e}");
+    // A /64 is accepted: it is never enumerated.
+    let c = parse("[[pool]]\nname=\"big\"\nsource=\"static\"\ncidrs=[\"fd00:1::/64\"]\n").unwrap();
+    assert_eq!(c.pools[0].size, u64::MAX);
 }
