@@ -282,7 +282,7 @@ fn a_slash_14_fits() {
 #[test]
 fn cidr_messages_name_the_mistake() {
     use super::addr::parse_cidr;
-    let e = |s: &str| parse_cidr(s).unwrap_err();
+    let e = |s: &str| parse_cidr(s).unwrap_err().to_string();
     assert_eq!(
         e("banana"),
         "\"banana\" is not a CIDR (expected a.b.c.d/len)"
@@ -307,10 +307,28 @@ fn cidr_messages_name_the_mistake() {
         e("10.0.0.5/0"),
         "\"10.0.0.5/0\" has host bits set (did you mean 0.0.0.0/0?)"
     );
-    let whole = |s: &str| AddrRange::from(parse_cidr(s).unwrap()).to_string();
+    // The same mistakes in IPv6.
+    assert_eq!(
+        e("fd00::"),
+        "\"fd00::\" is not a CIDR (expected an IPv6 prefix such as fd00::/112)"
+    );
+    assert_eq!(
+        e("fd00:::/64"),
+        "\"fd00:::/64\": \"fd00:::\" is not an IPv6 address"
+    );
+    assert_eq!(
+        e("fd00::/129"),
+        "\"fd00::/129\": prefix length must be 0..=128"
+    );
+    assert_eq!(
+        e("fd00::5/120"),
+        "\"fd00::5/120\" has host bits set (did you mean fd00::/120?)"
+    );
+    let whole = |s: &str| parse_cidr(s).unwrap().to_string();
     assert_eq!(whole(" 10.0.0.0 / 30 "), "10.0.0.0-10.0.0.3");
     assert_eq!(whole("10.0.0.7/32"), "10.0.0.7");
     assert_eq!(whole("0.0.0.0/0"), "0.0.0.0-255.255.255.255");
+    assert_eq!(whole("fd00::/126"), "fd00::-fd00::3");
 }
 
 #[test]
