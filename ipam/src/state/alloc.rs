@@ -21,7 +21,7 @@ fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
         return Ok(());
     };
     if list.is_empty() {
-        return Err(Refusal::bad("families must not be empty".into()));
+        return Err(Refusal::bad("families must not be empty"));
     }
     for (i, f) in list.iter().enumerate() {
         if list[..i].contains(f) {

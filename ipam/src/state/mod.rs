@@ -63,8 +63,8 @@ impl Refusal {
         }
     }
 
-    fn bad(message: String) -> Self {
-        Self::new(ErrorKind::BadRequest, message)
+    fn bad(message: impl std::fmt::Display) -> Self {
+        Self::new(ErrorKind::BadRequest, message.to_string())
     }
 }
 

@@ -188,7 +188,7 @@ impl State {
         veth_gone: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<(Record, Lease)>, Refusal> {
         if network.is_empty() {
-            return Err(Refusal::bad("gc: network must not be empty".into()));
+            return Err(Refusal::bad("gc: network must not be empty"));
         }
         if network == RECOVERED_NETWORK {
             return Err(Refusal::bad(format!(
