@@ -85,6 +85,32 @@ pub struct Parsed {
     pub primaries6: Vec<Ipv6Addr>,
 }
 
+/// Why a metadata document is unusable (nothing of it is applied).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("invalid JSON: not UTF-8 ({0})")]
+    NotUtf8(std::str::Utf8Error),
+    /// The JSON parser's message, which names the line and column.
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("the document lists no interface")]
+    NoInterface,
+    #[error("no interface has an IPv4 address")]
+    NoIpv4,
+    /// `interface` is `interface <mac>` or `interface[<index>]`; `list` is `ipv4` or `ipv6`.
+    #[error(
+        "{interface}: {list}.ipAddress[{index}].privateIpAddress {value:?} is not an {family} \
+         address"
+    )]
+    NotAnAddress {
+        interface: String,
+        list: &'static str,
+        index: usize,
+        value: String,
+        family: &'static str,
+    },
+}
+
 /// (first address of each interface, the other addresses) of one family's lists.
 type Split<A> = (Vec<A>, BTreeSet<A>);
 
@@ -92,8 +118,8 @@ type Split<A> = (Vec<A>, BTreeSet<A>);
 fn split<A: FromStr + Ord + Copy>(
     doc: &Doc,
     list: impl Fn(&Interface) -> Option<&AddrList>,
-    family: &str,
-) -> Result<Split<A>, String> {
+    family: &'static str,
+) -> Result<Split<A>, ParseError> {
     let mut primaries = Vec::new();
     let mut secondary = BTreeSet::new();
     for (i, iface) in doc.interface.iter().enumerate() {
@@ -103,13 +129,17 @@ fn split<A: FromStr + Ord + Copy>(
             .as_deref()
             .map_or_else(|| format!("interface[{i}]"), |m| format!("interface {m}"));
         for (j, e) in l.ip_address.iter().enumerate() {
-            let ip: A = e.private.trim().parse().map_err(|_| {
-                format!(
-                    "{name}: {family}.ipAddress[{j}].privateIpAddress {:?} is not an {} address",
-                    e.private,
-                    if family == "ipv4" { "IPv4" } else { "IPv6" }
-                )
-            })?;
+            let ip: A = e
+                .private
+                .trim()
+                .parse()
+                .map_err(|_| ParseError::NotAnAddress {
+                    interface: name.clone(),
+                    list: family,
+                    index: j,
+                    value: e.private.clone(),
+                    family: if family == "ipv4" { "IPv4" } else { "IPv6" },
+                })?;
             if j == 0 {
                 primaries.push(ip);
             } else {
@@ -124,17 +154,17 @@ fn split<A: FromStr + Ord + Copy>(
 }
 
 /// Parse an IMDS `instance/network` document; any defect is an error (nothing is applied).
-pub fn parse(body: &[u8]) -> Result<Parsed, String> {
+pub fn parse(body: &[u8]) -> Result<Parsed, ParseError> {
     // serde_json skips fields it ignores without checking their UTF-8: check the whole
     // document, so that only valid JSON is ever acted on.
-    let text = std::str::from_utf8(body).map_err(|e| format!("invalid JSON: not UTF-8 ({e})"))?;
-    let doc: Doc = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let text = std::str::from_utf8(body).map_err(ParseError::NotUtf8)?;
+    let doc: Doc = serde_json::from_str(text).map_err(|e| ParseError::Json(e.to_string()))?;
     if doc.interface.is_empty() {
-        return Err("the document lists no interface".into());
+        return Err(ParseError::NoInterface);
     }
     let (primaries, secondary) = split::<Ipv4Addr>(&doc, |i| i.ipv4.as_ref(), "ipv4")?;
     if primaries.is_empty() {
-        return Err("no interface has an IPv4 address".into());
+        return Err(ParseError::NoIpv4);
     }
     let (primaries6, secondary6) = split::<Ipv6Addr>(&doc, |i| i.ipv6.as_ref(), "ipv6")?;
     Ok(Parsed {
@@ -146,11 +176,13 @@ pub fn parse(body: &[u8]) -> Result<Parsed, String> {
 }
 
 /// Why a fetch gave nothing to apply.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// A non-200 status, with `Retry-After` when given.
+    #[error("answered HTTP {0}")]
     Status(u16, Option<Duration>),
     /// No complete answer: refused, timed out, cut short, too large.
+    #[error("unreachable: {0}")]
     Unreachable(String),
 }
 
@@ -429,7 +461,7 @@ mod tests {
         assert!(p.secondary6.is_empty() && p.primaries6.is_empty());
         let bad = r#"{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.0.1"}]},
             "ipv6":{"ipAddress":[{"privateIpAddress":"fd00::1"},{"privateIpAddress":"10.0.0.2"}]}}]}"#;
-        let e = parse(bad.as_bytes()).unwrap_err();
+        let e = parse(bad.as_bytes()).unwrap_err().to_string();
         assert!(
             e.contains("ipv6.ipAddress[1]") && e.contains("not an IPv6 address"),
             "{e}"
@@ -453,7 +485,7 @@ mod tests {
                 "invalid JSON",
             ),
         ] {
-            let e = parse(body.as_bytes()).unwrap_err();
+            let e = parse(body.as_bytes()).unwrap_err().to_string();
             assert!(e.contains(want), "{body}: {e}");
         }
     }
