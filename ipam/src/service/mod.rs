@@ -39,7 +39,7 @@ use crate::{
     clock::Clock,
     lease::{addr_ip, ip_addr, Addr, V6_START},
     metrics::Metrics,
-    state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State},
+    state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State, WaitReason},
     store::{record::Record, Store},
     teardown::LinkRemover,
 };
@@ -243,7 +243,7 @@ impl Ipam {
     /// change in between, for at most [`WAIT_LIMIT`].
     async fn wait_until<T>(
         &self,
-        mut step: impl FnMut(&mut State) -> Result<Result<T, String>, Refusal>,
+        mut step: impl FnMut(&mut State) -> Result<Result<T, WaitReason>, Refusal>,
     ) -> Result<T, Refusal> {
         // Nearly every request goes through at once: no waiter registration for those.
         match step(&mut self.shared.lock()) {

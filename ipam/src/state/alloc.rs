@@ -13,7 +13,7 @@ use crate::{
     store::record::{AllocRec, Record},
 };
 
-use super::{AllocRequest, AllocStep, Refusal, State};
+use super::{AllocRequest, AllocStep, Refusal, State, WaitReason};
 
 /// A family list must be non-empty and name each family once.
 fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
@@ -167,10 +167,9 @@ impl State {
                 .iter()
                 .any(|id| self.leases.get(*id).state != LeaseState::Committed)
             {
-                return Ok(AllocStep::Wait(format!(
-                    "a change to {} is in flight",
-                    req.key
-                )));
+                return Ok(AllocStep::Wait(WaitReason::InFlight {
+                    key: req.key.clone(),
+                }));
             }
             // An idempotent repeat: the leases the key holds (of the families asked for,
             // when they are listed).
@@ -200,9 +199,9 @@ impl State {
         }
         if let Some(v) = req.host_veth {
             if self.teardowns.contains_key(v) {
-                return Ok(AllocStep::Wait(format!(
-                    "host veth {v} of a previous attachment is still being deleted"
-                )));
+                return Ok(AllocStep::Wait(WaitReason::VethBeingDeleted {
+                    veth: v.to_owned(),
+                }));
             }
         }
         self.expire(now_ms);
@@ -261,7 +260,11 @@ impl State {
 
     /// Reserve an address in one of `eligible` (pools of one family); `Ok(Err(why))`: wait
     /// and retry.
-    fn take(&mut self, eligible: &[usize], now_ms: u64) -> Result<Result<Taken, String>, Refusal> {
+    fn take(
+        &mut self,
+        eligible: &[usize],
+        now_ms: u64,
+    ) -> Result<Result<Taken, WaitReason>, Refusal> {
         for &p in eligible {
             if let Some(addr) = self.pools[p].free.take_next() {
                 self.pools[p].leased += 1;
@@ -274,9 +277,7 @@ impl State {
         }
         if eligible.iter().any(|&p| !self.pools[p].held.is_empty()) {
             // These become free as soon as their old veth is gone: milliseconds.
-            return Ok(Err(
-                "the only reusable addresses wait for their old host veth to be deleted".into(),
-            ));
+            return Ok(Err(WaitReason::OnlyHeldAddresses));
         }
         if self.policy == OnOnlyCooling::ReuseOldest {
             if let Some(t) = self.take_oldest_cooling(eligible) {

@@ -89,7 +89,19 @@ pub enum AllocStep {
         records: Vec<Record>,
     },
     /// Something this request depends on is in flight; retry after the next change.
-    Wait(String),
+    Wait(WaitReason),
+}
+
+/// Why a request waits for another change before it can go on (shown in the refusal when
+/// the wait times out).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitReason {
+    #[error("a change to {key} is in flight")]
+    InFlight { key: AttachmentKey },
+    #[error("host veth {veth} of a previous attachment is still being deleted")]
+    VethBeingDeleted { veth: String },
+    #[error("the only reusable addresses wait for their old host veth to be deleted")]
+    OnlyHeldAddresses,
 }
 
 #[derive(Debug)]
@@ -105,7 +117,7 @@ pub enum ReleaseStep {
         address: IpAddr,
         pools: Vec<String>,
     },
-    Wait(String),
+    Wait(WaitReason),
 }
 
 pub struct State {
