@@ -78,20 +78,45 @@ impl<T: AddrValue> fmt::Display for Range<T> {
     }
 }
 
-/// A configured address, CIDR or range of either family.
+/// An inclusive range of addresses of either family: what a pool lists, excludes and serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum AnyRange {
+pub enum IpRange {
     V4(AddrRange),
     V6(Range6),
 }
 
-impl AnyRange {
-    /// The addresses as allocator values ([`crate::lease::Addr`]).
-    pub(super) fn bounds(&self) -> (u128, u128) {
+impl IpRange {
+    /// The addresses as allocator values ([`crate::lease::Addr`]: an IPv4 address is its
+    /// 32-bit value).
+    pub fn bounds(&self) -> (u128, u128) {
         match self {
             Self::V4(r) => r.bounds(),
             Self::V6(r) => r.bounds(),
         }
+    }
+
+    /// Whether the range holds allocator value `a` (of either family).
+    pub fn contains(&self, a: u128) -> bool {
+        let (first, last) = self.bounds();
+        first <= a && a <= last
+    }
+
+    /// Number of addresses, saturating (an IPv6 /64 has 2^64).
+    pub fn len(&self) -> u128 {
+        match self {
+            Self::V4(r) => r.len(),
+            Self::V6(r) => r.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The first and the last address.
+    pub fn ips(&self) -> (IpAddr, IpAddr) {
+        let (first, last) = self.bounds();
+        (self.ip(first), self.ip(last))
     }
 
     /// The range of `self`'s family from allocator values inside it.
@@ -102,7 +127,7 @@ impl AnyRange {
         }
     }
 
-    pub(super) fn is_ipv6(&self) -> bool {
+    pub fn is_ipv6(&self) -> bool {
         matches!(self, Self::V6(_))
     }
 
@@ -120,7 +145,7 @@ impl AnyRange {
     }
 }
 
-impl fmt::Display for AnyRange {
+impl fmt::Display for IpRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::V4(r) => r.fmt(f),
@@ -189,9 +214,9 @@ fn parse_addr(s: &str, family: &str) -> Option<IpAddr> {
 }
 
 /// The range from `first` to `last` (one family), refusing IPv6 addresses in `::/96`.
-fn range(input: &str, first: IpAddr, last: IpAddr) -> Result<AnyRange, AddrError> {
+fn range(input: &str, first: IpAddr, last: IpAddr) -> Result<IpRange, AddrError> {
     match (first, last) {
-        (IpAddr::V4(f), IpAddr::V4(l)) => Ok(AnyRange::V4(AddrRange {
+        (IpAddr::V4(f), IpAddr::V4(l)) => Ok(IpRange::V4(AddrRange {
             first: f.into(),
             last: l.into(),
         })),
@@ -205,7 +230,7 @@ fn range(input: &str, first: IpAddr, last: IpAddr) -> Result<AnyRange, AddrError
                     input: input.to_owned(),
                 });
             }
-            Ok(AnyRange::V6(r))
+            Ok(IpRange::V6(r))
         }
         _ => unreachable!("both ends are parsed in the family of the entry"),
     }
@@ -217,7 +242,7 @@ fn range(input: &str, first: IpAddr, last: IpAddr) -> Result<AnyRange, AddrError
 /// elsewhere.
 ///
 /// Split by hand rather than with `IpNet::from_str` so each mistake gets its own message.
-pub(super) fn parse_cidr(s: &str) -> Result<AnyRange, AddrError> {
+pub(super) fn parse_cidr(s: &str) -> Result<IpRange, AddrError> {
     let input = || s.to_owned();
     let family = family_of(s);
     let (ip, len) = s.split_once('/').ok_or_else(|| AddrError::NotCidr {
@@ -252,7 +277,7 @@ pub(super) fn parse_cidr(s: &str) -> Result<AnyRange, AddrError> {
 }
 
 /// Parse a single address.
-pub(super) fn parse_ip(s: &str) -> Result<AnyRange, AddrError> {
+pub(super) fn parse_ip(s: &str) -> Result<IpRange, AddrError> {
     let family = family_of(s);
     let ip = parse_addr(s, family).ok_or_else(|| AddrError::NotAddress {
         input: s.to_owned(),
@@ -262,7 +287,7 @@ pub(super) fn parse_ip(s: &str) -> Result<AnyRange, AddrError> {
 }
 
 /// Parse `first-last`.
-pub(super) fn parse_range(s: &str) -> Result<AnyRange, AddrError> {
+pub(super) fn parse_range(s: &str) -> Result<IpRange, AddrError> {
     let family = family_of(s);
     let (a, b) = s.split_once('-').ok_or_else(|| AddrError::NotRange {
         input: s.to_owned(),
@@ -289,7 +314,7 @@ pub(super) fn parse_range(s: &str) -> Result<AnyRange, AddrError> {
 }
 
 /// An `exclude` entry: a CIDR, or a single address.
-pub(super) fn parse_exclusion(s: &str) -> Result<AnyRange, AddrError> {
+pub(super) fn parse_exclusion(s: &str) -> Result<IpRange, AddrError> {
     if s.contains('/') {
         parse_cidr(s)
     } else {
@@ -299,7 +324,7 @@ pub(super) fn parse_exclusion(s: &str) -> Result<AnyRange, AddrError> {
 
 /// `ranges` (sorted, disjoint, one family) minus `excl`; the result is sorted, disjoint and
 /// merged.
-pub(super) fn subtract(ranges: &[AnyRange], excl: &mut [(u128, u128)]) -> Vec<AnyRange> {
+pub(super) fn subtract(ranges: &[IpRange], excl: &mut [(u128, u128)]) -> Vec<IpRange> {
     excl.sort();
     let mut out: Vec<(u128, u128)> = Vec::new();
     for r in ranges {

@@ -15,7 +15,7 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-pub use addr::{AddrError, AddrRange, AddrValue, Range, Range6};
+pub use addr::{AddrError, IpRange};
 pub use error::{ConfigError, ConfigProblem, DurationError};
 pub use parse::parse_duration;
 pub use pool::{check_metadata_url, ImdsSpec, PoolSource, PoolSpec, UrlError};

@@ -5,9 +5,7 @@ use std::{fmt, net::Ipv4Addr, time::Duration};
 use aliasnet_ipam_proto::Family;
 
 use super::{
-    addr::{
-        parse_cidr, parse_exclusion, parse_ip, parse_range, subtract, AddrError, AnyRange, Range,
-    },
+    addr::{parse_cidr, parse_exclusion, parse_ip, parse_range, subtract, AddrError, IpRange},
     parse::RawPool,
     reserved::reserved_in,
     *,
@@ -64,19 +62,16 @@ pub struct PoolSpec {
     pub source: PoolSource,
     /// Family of every address of the pool (a pool is single-family).
     pub family: Family,
-    /// Usable IPv4 addresses (exclusions applied): sorted, disjoint, non-adjacent.
-    pub ranges: Vec<AddrRange>,
-    /// Usable IPv6 addresses, likewise (IPv6 pools only).
-    pub ranges6: Vec<Range6>,
+    /// Usable addresses, all of `family` (exclusions applied): sorted, disjoint,
+    /// non-adjacent. Empty for metadata pools.
+    pub ranges: Vec<IpRange>,
     /// Number of usable addresses (saturating: a /64 has more than `u64` counts).
     pub size: u64,
     /// Short human description of the configured sources, for messages ("10.240.1.0/24").
     pub description: String,
-    /// Exclusions (metadata pools apply them to the addresses they read).
-    pub exclude: Vec<AddrRange>,
-    /// IPv6 exclusions (already applied to `ranges6`; IPv6 metadata pools apply them to the
+    /// Exclusions of `family` (already applied to `ranges`; metadata pools apply them to the
     /// addresses they read).
-    pub exclude6: Vec<Range6>,
+    pub exclude: Vec<IpRange>,
     /// Set for `azure-imds` pools (which have no `ranges`).
     pub imds: Option<ImdsSpec>,
 }
@@ -85,20 +80,13 @@ impl PoolSpec {
     /// The usable addresses as allocator values ([`crate::lease::Addr`]: an IPv4 address is
     /// its 32-bit value), whichever family the pool serves: sorted, disjoint ranges.
     pub fn address_ranges(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
-        self.ranges
-            .iter()
-            .map(Range::bounds)
-            .chain(self.ranges6.iter().map(Range::bounds))
+        self.ranges.iter().map(IpRange::bounds)
     }
 
     /// Whether an exclusion covers `addr` (an allocator value of either family; metadata pools
     /// apply the exclusions to the addresses they read).
     pub fn is_excluded(&self, addr: u128) -> bool {
-        self.exclude
-            .iter()
-            .map(Range::bounds)
-            .chain(self.exclude6.iter().map(Range::bounds))
-            .any(|(first, last)| first <= addr && addr <= last)
+        self.exclude.iter().any(|r| r.contains(addr))
     }
 }
 
@@ -171,9 +159,9 @@ pub(super) fn build_pool(
 fn exclusions(
     name: &str,
     rp: &RawPool,
-    keep: impl Fn(&AnyRange) -> bool,
+    keep: impl Fn(&IpRange) -> bool,
     warnings: &mut Vec<String>,
-) -> Result<Vec<AnyRange>, (String, ConfigProblem)> {
+) -> Result<Vec<IpRange>, (String, ConfigProblem)> {
     let mut excl = Vec::new();
     for (j, s) in rp.exclude.iter().enumerate() {
         let r =
@@ -190,19 +178,6 @@ fn exclusions(
     Ok(excl)
 }
 
-/// The IPv4 and the IPv6 ones of `ranges`.
-fn by_family(ranges: &[AnyRange]) -> (Vec<AddrRange>, Vec<Range6>) {
-    let mut v4 = Vec::new();
-    let mut v6 = Vec::new();
-    for r in ranges {
-        match *r {
-            AnyRange::V4(r) => v4.push(r),
-            AnyRange::V6(r) => v6.push(r),
-        }
-    }
-    (v4, v6)
-}
-
 /// A static or prefixes pool: the addresses it lists, all of one family, minus its exclusions
 /// and the reserved ones.
 fn build_listed(
@@ -213,10 +188,10 @@ fn build_listed(
 ) -> Result<PoolSpec, (String, ConfigProblem)> {
     let at = |field: &str| format!("pool '{name}'.{field}");
     // Every configured range, remembering where it came from for messages.
-    let mut parts: Vec<(AnyRange, String)> = Vec::new();
+    let mut parts: Vec<(IpRange, String)> = Vec::new();
     // Subnet-router anycast addresses (RFC 4291 2.6.1) of IPv6 `cidrs`.
     let mut anycast: Vec<(u128, u128)> = Vec::new();
-    type Parse = fn(&str) -> Result<AnyRange, AddrError>;
+    type Parse = fn(&str) -> Result<IpRange, AddrError>;
     let lists: [(&str, &Vec<String>, Parse); 4] = [
         ("cidrs", &rp.cidrs, parse_cidr),
         ("ranges", &rp.ranges, parse_range),
@@ -275,11 +250,11 @@ fn build_listed(
             ));
         }
     }
-    let listed: Vec<AnyRange> = parts.iter().map(|(r, _)| *r).collect();
+    let listed: Vec<IpRange> = parts.iter().map(|(r, _)| *r).collect();
     let reserved = reserved_in(&listed);
     let mut cut: Vec<(u128, u128)> = excl
         .iter()
-        .map(AnyRange::bounds)
+        .map(IpRange::bounds)
         .chain(anycast)
         .chain(reserved.iter().map(|(r, _)| r.bounds()))
         .collect();
@@ -297,25 +272,21 @@ fn build_listed(
     if !ipv6 && size > MAX_TOTAL_ADDRESSES {
         return Err((at("cidrs"), ConfigProblem::PoolTooLarge { size }));
     }
-    let (ranges, ranges6) = by_family(&ranges);
-    let (exclude, exclude6) = by_family(&excl);
     Ok(PoolSpec {
         name: name.to_owned(),
         source,
         family: if ipv6 { Family::Ipv6 } else { Family::Ipv4 },
         ranges,
-        ranges6,
         size,
         description: describe(rp),
-        exclude,
-        exclude6,
+        exclude: excl,
         imds: None,
     })
 }
 
 /// The error of a static or prefixes pool left without addresses by its exclusions and the
 /// reserved addresses it listed (named, so the mistake is plain).
-fn empty_pool(reserved: &[(AnyRange, &str)]) -> ConfigProblem {
+fn empty_pool(reserved: &[(IpRange, &str)]) -> ConfigProblem {
     if reserved.is_empty() {
         return ConfigProblem::AllExcluded;
     }
@@ -329,7 +300,7 @@ fn empty_pool(reserved: &[(AnyRange, &str)]) -> ConfigProblem {
 }
 
 /// One warning per reserved block a pool listed: those addresses are never handed out.
-fn warn_reserved(name: &str, reserved: &[(AnyRange, &str)], warnings: &mut Vec<String>) {
+fn warn_reserved(name: &str, reserved: &[(IpRange, &str)], warnings: &mut Vec<String>) {
     for (r, why) in reserved {
         warnings.push(format!(
             "pool '{name}': {r} is {why} and is never handed out"
@@ -360,21 +331,18 @@ fn build_metadata(
     let ipv6 = family == Family::Ipv6;
     let excl = exclusions(name, rp, |r| r.is_ipv6() == ipv6, warnings)?;
     let imds = build_imds(rp).map_err(|(f, p)| (at(&f), p))?;
-    let (exclude, exclude6) = by_family(&excl);
     Ok(PoolSpec {
         name: name.to_owned(),
         source: PoolSource::AzureImds,
         family,
         ranges: Vec::new(),
-        ranges6: Vec::new(),
         size: 0,
         description: format!(
             "{}metadata from {}",
             if ipv6 { "IPv6 " } else { "" },
             imds.url
         ),
-        exclude,
-        exclude6,
+        exclude: excl,
         imds: Some(imds),
     })
 }
@@ -491,14 +459,10 @@ fn describe(rp: &RawPool) -> String {
 
 /// No address may belong to two pools.
 pub(super) fn check_pool_overlaps(pools: &[PoolSpec]) -> Result<(), ConfigProblem> {
-    let mut all: Vec<(AnyRange, usize)> = pools
+    let mut all: Vec<(IpRange, usize)> = pools
         .iter()
         .enumerate()
-        .flat_map(|(i, p)| {
-            let v4 = p.ranges.iter().map(|r| AnyRange::V4(*r));
-            v4.chain(p.ranges6.iter().map(|r| AnyRange::V6(*r)))
-                .map(move |r| (r, i))
-        })
+        .flat_map(|(i, p)| p.ranges.iter().map(move |r| (*r, i)))
         .collect();
     all.sort();
     for w in all.windows(2) {

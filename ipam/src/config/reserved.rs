@@ -5,7 +5,7 @@
 
 use std::net::IpAddr;
 
-use super::addr::AnyRange;
+use super::addr::IpRange;
 
 const fn v4(a: [u8; 4]) -> u128 {
     u32::from_be_bytes(a) as u128
@@ -89,7 +89,7 @@ pub fn reserved(ip: IpAddr) -> Option<&'static str> {
 }
 
 /// The parts of `ranges` that are reserved, each with why.
-pub(super) fn reserved_in(ranges: &[AnyRange]) -> Vec<(AnyRange, &'static str)> {
+pub(super) fn reserved_in(ranges: &[IpRange]) -> Vec<(IpRange, &'static str)> {
     let mut out = Vec::new();
     for r in ranges {
         let (first, last) = r.bounds();

@@ -189,7 +189,9 @@ fn prefix_and_metadata_pools() {
     .unwrap();
     assert_eq!(six.pools[0].family, aliasnet_ipam_proto::Family::Ipv6);
     assert!(six.pools[0].is_excluded(u128::from("fd00:8::99".parse::<Ipv6Addr>().unwrap())));
-    assert!(six.pools[0].exclude.is_empty() && six.pools[0].imds.is_some());
+    // Only the exclusion of the pool's family is kept (the other is warned about).
+    assert_eq!(six.pools[0].exclude.len(), 1);
+    assert!(six.pools[0].imds.is_some());
     assert_eq!(six.warnings.len(), 1, "{:?}", six.warnings);
     let d = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
     assert_eq!(d.metrics_address, Some("127.0.0.1:9545".parse().unwrap()));
@@ -344,7 +346,7 @@ fn ipv6_cidrs_skip_the_subnet_router_anycast_address_and_prefixes_do_not() {
          ranges=[\"fd00:250::-fd00:250::3\"]\nips=[\"fd00:260::\"]",
     );
     assert_eq!(p.size, 65_535 + 3 + 4 + 1);
-    let first: Vec<u128> = p.ranges6.iter().map(|r| r.first).collect();
+    let first: Vec<u128> = p.ranges.iter().map(|r| r.bounds().0).collect();
     assert_eq!(
         first,
         [
@@ -363,8 +365,8 @@ fn ipv6_cidrs_skip_the_subnet_router_anycast_address_and_prefixes_do_not() {
     // A delegated prefix is routed to the node whole: every address is usable.
     let d = one("source=\"prefixes\"\nprefixes=[\"2001:db8:1:2:3::/80\", \"fd00:9::/112\"]");
     assert_eq!(d.size, (1 << 48) + 65_536);
-    assert_eq!(d.ranges6[0].first, v6("2001:db8:1:2:3::"));
-    assert_eq!(d.ranges6[1].first, v6("fd00:9::"));
+    assert_eq!(d.ranges[0].bounds().0, v6("2001:db8:1:2:3::"));
+    assert_eq!(d.ranges[1].bounds().0, v6("fd00:9::"));
     // An exclusion of the anycast address as well is harmless.
     let e = one(
         "source=\"static\"\ncidrs=[\"fd00:240::/120\"]\nexclude=[\"fd00:240::\", \"fd00:240::ff\"]",
@@ -412,10 +414,7 @@ fn reserved_addresses_are_left_out_of_static_and_prefix_pools_with_a_warning() {
     );
     let inside = |a: &str| {
         let a = u32::from(a.parse::<Ipv4Addr>().unwrap());
-        c.pools[0]
-            .ranges
-            .iter()
-            .any(|r| r.first <= a && a <= r.last)
+        c.pools[0].ranges.iter().any(|r| r.contains(a.into()))
     };
     assert!(inside("10.0.0.3") && !inside("169.254.1.1") && !inside("224.0.0.1"));
     // Delegated blocks likewise.

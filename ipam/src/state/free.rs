@@ -133,7 +133,9 @@ impl Slots {
         let mut ranges = Vec::with_capacity(spec.ranges.len());
         let mut n = 0u32;
         for r in &spec.ranges {
-            ranges.push((r.first, r.last, n));
+            let (first, last) = r.bounds();
+            let v4 = |a: u128| u32::try_from(a).expect("a slot pool is IPv4");
+            ranges.push((v4(first), v4(last), n));
             n += r.len() as u32;
         }
         Self {
