@@ -108,6 +108,13 @@ impl FreeBitmap {
         Some(i)
     }
 
+    /// Start the round-robin search after slot `i` unless it is already past it (a restart
+    /// continues after the highest slot in use).
+    pub fn start_after(&mut self, i: usize) {
+        // Past the last slot, the next search wraps to the first.
+        self.cursor = self.cursor.max(i + 1);
+    }
+
     /// First free slot >= `start`, without wrapping.
     fn find_from(&self, start: usize) -> Option<usize> {
         if self.free == 0 || start >= self.len {

@@ -27,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+use aliasnet_ipam_proto::Family;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Bytes;
 use hyper_util::{
@@ -36,7 +37,7 @@ use hyper_util::{
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam, state::MetaPool};
+use crate::{config::ImdsSpec, metrics::RefreshResult, service::Ipam};
 
 /// Largest metadata document accepted (a NIC has at most 256 addresses: a few tens of KiB).
 const MAX_BODY: usize = 1 << 20;
@@ -84,6 +85,32 @@ pub struct Parsed {
     pub primaries6: Vec<Ipv6Addr>,
 }
 
+/// Why a metadata document is unusable (nothing of it is applied).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("invalid JSON: not UTF-8 ({0})")]
+    NotUtf8(std::str::Utf8Error),
+    /// The JSON parser's message, which names the line and column.
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("the document lists no interface")]
+    NoInterface,
+    #[error("no interface has an IPv4 address")]
+    NoIpv4,
+    /// `interface` is `interface <mac>` or `interface[<index>]`; `list` is `ipv4` or `ipv6`.
+    #[error(
+        "{interface}: {list}.ipAddress[{index}].privateIpAddress {value:?} is not an {family} \
+         address"
+    )]
+    NotAnAddress {
+        interface: String,
+        list: &'static str,
+        index: usize,
+        value: String,
+        family: &'static str,
+    },
+}
+
 /// (first address of each interface, the other addresses) of one family's lists.
 type Split<A> = (Vec<A>, BTreeSet<A>);
 
@@ -91,8 +118,8 @@ type Split<A> = (Vec<A>, BTreeSet<A>);
 fn split<A: FromStr + Ord + Copy>(
     doc: &Doc,
     list: impl Fn(&Interface) -> Option<&AddrList>,
-    family: &str,
-) -> Result<Split<A>, String> {
+    family: &'static str,
+) -> Result<Split<A>, ParseError> {
     let mut primaries = Vec::new();
     let mut secondary = BTreeSet::new();
     for (i, iface) in doc.interface.iter().enumerate() {
@@ -102,13 +129,17 @@ fn split<A: FromStr + Ord + Copy>(
             .as_deref()
             .map_or_else(|| format!("interface[{i}]"), |m| format!("interface {m}"));
         for (j, e) in l.ip_address.iter().enumerate() {
-            let ip: A = e.private.trim().parse().map_err(|_| {
-                format!(
-                    "{name}: {family}.ipAddress[{j}].privateIpAddress {:?} is not an {} address",
-                    e.private,
-                    if family == "ipv4" { "IPv4" } else { "IPv6" }
-                )
-            })?;
+            let ip: A = e
+                .private
+                .trim()
+                .parse()
+                .map_err(|_| ParseError::NotAnAddress {
+                    interface: name.clone(),
+                    list: family,
+                    index: j,
+                    value: e.private.clone(),
+                    family: if family == "ipv4" { "IPv4" } else { "IPv6" },
+                })?;
             if j == 0 {
                 primaries.push(ip);
             } else {
@@ -123,17 +154,17 @@ fn split<A: FromStr + Ord + Copy>(
 }
 
 /// Parse an IMDS `instance/network` document; any defect is an error (nothing is applied).
-pub fn parse(body: &[u8]) -> Result<Parsed, String> {
+pub fn parse(body: &[u8]) -> Result<Parsed, ParseError> {
     // serde_json skips fields it ignores without checking their UTF-8: check the whole
     // document, so that only valid JSON is ever acted on.
-    let text = std::str::from_utf8(body).map_err(|e| format!("invalid JSON: not UTF-8 ({e})"))?;
-    let doc: Doc = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let text = std::str::from_utf8(body).map_err(ParseError::NotUtf8)?;
+    let doc: Doc = serde_json::from_str(text).map_err(|e| ParseError::Json(e.to_string()))?;
     if doc.interface.is_empty() {
-        return Err("the document lists no interface".into());
+        return Err(ParseError::NoInterface);
     }
     let (primaries, secondary) = split::<Ipv4Addr>(&doc, |i| i.ipv4.as_ref(), "ipv4")?;
     if primaries.is_empty() {
-        return Err("no interface has an IPv4 address".into());
+        return Err(ParseError::NoIpv4);
     }
     let (primaries6, secondary6) = split::<Ipv6Addr>(&doc, |i| i.ipv6.as_ref(), "ipv6")?;
     Ok(Parsed {
@@ -145,11 +176,13 @@ pub fn parse(body: &[u8]) -> Result<Parsed, String> {
 }
 
 /// Why a fetch gave nothing to apply.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// A non-200 status, with `Retry-After` when given.
+    #[error("answered HTTP {0}")]
     Status(u16, Option<Duration>),
     /// No complete answer: refused, timed out, cut short, too large.
+    #[error("unreachable: {0}")]
     Unreachable(String),
 }
 
@@ -280,9 +313,9 @@ pub async fn run(
                             st.apply_metadata_read(idx, &parsed.secondary, &parsed.secondary6, now);
                         st.set_metadata_status(idx, |m| {
                             m.last_success_ms = Some(now);
-                            m.primaries = match idx {
-                                MetaPool::V4(_) => parsed.primaries.len(),
-                                MetaPool::V6(_) => parsed.primaries6.len(),
+                            m.primaries = match idx.family {
+                                Family::Ipv4 => parsed.primaries.len(),
+                                Family::Ipv6 => parsed.primaries6.len(),
                             } as u64;
                         });
                         c
@@ -293,9 +326,9 @@ pub async fn run(
                             pool,
                             added = ?change.added,
                             removed = ?change.removed,
-                            addresses = match idx {
-                                MetaPool::V4(_) => parsed.secondary.len(),
-                                MetaPool::V6(_) => parsed.secondary6.len(),
+                            addresses = match idx.family {
+                                Family::Ipv4 => parsed.secondary.len(),
+                                Family::Ipv6 => parsed.secondary6.len(),
                             },
                             "metadata changed"
                         );
@@ -428,7 +461,7 @@ mod tests {
         assert!(p.secondary6.is_empty() && p.primaries6.is_empty());
         let bad = r#"{"interface":[{"ipv4":{"ipAddress":[{"privateIpAddress":"10.0.0.1"}]},
             "ipv6":{"ipAddress":[{"privateIpAddress":"fd00::1"},{"privateIpAddress":"10.0.0.2"}]}}]}"#;
-        let e = parse(bad.as_bytes()).unwrap_err();
+        let e = parse(bad.as_bytes()).unwrap_err().to_string();
         assert!(
             e.contains("ipv6.ipAddress[1]") && e.contains("not an IPv6 address"),
             "{e}"
@@ -452,7 +485,7 @@ mod tests {
                 "invalid JSON",
             ),
         ] {
-            let e = parse(body.as_bytes()).unwrap_err();
+            let e = parse(body.as_bytes()).unwrap_err().to_string();
             assert!(e.contains(want), "{body}: {e}");
         }
     }

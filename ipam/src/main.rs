@@ -144,11 +144,11 @@ fn check_config(path: &std::path::Path) -> Result<()> {
         config.reconcile_grace.as_millis()
     )?;
     for p in &config.pools {
-        // An IPv6 pool's exact size (it may exceed what `size` counts).
-        let size = p.ranges6.iter().fold(
-            u128::from(p.size) * u128::from(p.ranges6.is_empty()),
-            |n, r| n.saturating_add(r.len()),
-        );
+        // The exact size (an IPv6 pool's may exceed what `size` counts).
+        let size = p
+            .ranges
+            .iter()
+            .fold(0u128, |n, r| n.saturating_add(r.len()));
         writeln!(
             out,
             "  pool '{}' ({}, {}): {} addresses in {} ranges ({})",
@@ -156,7 +156,7 @@ fn check_config(path: &std::path::Path) -> Result<()> {
             p.source,
             p.family,
             size,
-            p.ranges.len() + p.ranges6.len(),
+            p.ranges.len(),
             p.description
         )?;
     }

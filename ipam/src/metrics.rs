@@ -163,6 +163,15 @@ fn histogram_cni() -> Histogram {
     ])
 }
 
+/// A CNI operation report the metrics refuse to count.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CniOperationError {
+    #[error("unknown CNI verb {verb:?}; expected one of {}", RECORDED_VERBS.join(", "))]
+    Verb { verb: String },
+    #[error("code {code} is out of range (0 to {RECORDED_CODE_MAX})")]
+    Code { code: u32 },
+}
+
 /// The daemon's metrics. Cheap to share: every family is reference-counted inside.
 pub struct Metrics {
     registry: Registry,
@@ -366,22 +375,22 @@ impl Metrics {
 
     /// Count one CNI operation. Errors when `verb` is not a CNI command or `code` is out of
     /// range (labels stay bounded whatever clients send).
-    pub fn cni_operation(&self, verb: &str, code: u32, duration: Duration) -> Result<(), String> {
+    pub fn cni_operation(
+        &self,
+        verb: &str,
+        code: u32,
+        duration: Duration,
+    ) -> Result<(), CniOperationError> {
         let lower = verb.to_ascii_lowercase();
         let verb = RECORDED_VERBS
             .iter()
             .find(|v| **v == lower)
             .copied()
-            .ok_or_else(|| {
-                format!(
-                    "unknown CNI verb {verb:?}; expected one of {}",
-                    RECORDED_VERBS.join(", ")
-                )
+            .ok_or_else(|| CniOperationError::Verb {
+                verb: verb.to_owned(),
             })?;
         if code > RECORDED_CODE_MAX {
-            return Err(format!(
-                "code {code} is out of range (0 to {RECORDED_CODE_MAX})"
-            ));
+            return Err(CniOperationError::Code { code });
         }
         let labels = VerbCode {
             verb,

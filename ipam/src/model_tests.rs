@@ -196,7 +196,11 @@ fn run(ops: Vec<Op>, policy: OnOnlyCooling) -> Result<(), TestCaseError> {
     let fixed: BTreeSet<u32> = config
         .pools
         .iter()
-        .flat_map(|p| p.ranges.iter().flat_map(|r| r.first..=r.last))
+        .flat_map(|p| p.ranges.iter())
+        .flat_map(|r| {
+            let (first, last) = r.bounds();
+            u32::try_from(first).unwrap()..=u32::try_from(last).unwrap()
+        })
         .collect();
     let mut model = Model {
         fixed,

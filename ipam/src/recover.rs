@@ -35,7 +35,7 @@ use aliasnet_ipam_proto::{is_host_veth, recovered_key, Family, PodRef};
 use aliasnet_netlink::{NetlinkError, Rtnl};
 
 use crate::{
-    config::{Config, PoolSource, PoolSpec, Range6},
+    config::{Config, PoolSource, PoolSpec},
     imds,
     lease::{encode_data, ip_addr, Addr},
     service::now_ms,
@@ -73,31 +73,32 @@ pub enum RecoverError {
 /// Most unleased addresses of one IPv6 pool put in cooldown by `recover` (all of a /112).
 pub const MAX_COOL6: usize = 1 << 16;
 
-/// The unleased addresses of an IPv6 pool (`ranges`, sorted) that `recover` puts in cooldown:
-/// in the order the daemon hands them out after loading the recovered leases (from right after
-/// the highest of `leased`, wrapping to the first range), at most [`MAX_COOL6`].
-pub fn cooldown6(ranges: &[Range6], leased: &BTreeSet<u128>) -> Vec<u128> {
+/// The unleased addresses of a static pool (`ranges`, sorted allocator values) that `recover`
+/// puts in cooldown: in the order the daemon hands them out after loading the recovered leases
+/// (from right after the highest of `leased`, wrapping to the first range), at most `cap`
+/// (an IPv4 pool is cooled whole, an IPv6 one up to [`MAX_COOL6`]).
+pub fn cooldown(ranges: &[(u128, u128)], leased: &BTreeSet<u128>, cap: usize) -> Vec<u128> {
     let start = leased
         .last()
         .and_then(|a| a.checked_add(1))
-        .or(ranges.first().map(|r| r.first))
+        .or(ranges.first().map(|r| r.0))
         .unwrap_or(0);
     let mut out = Vec::new();
     // Addresses at or after `start`, then the ones before it.
     let parts = ranges
         .iter()
-        .filter(|r| r.last >= start)
-        .map(|r| (r.first.max(start), r.last))
+        .filter(|r| r.1 >= start)
+        .map(|r| (r.0.max(start), r.1))
         .chain(
             ranges
                 .iter()
-                .filter(|r| r.first < start)
-                .map(|r| (r.first, r.last.min(start - 1))),
+                .filter(|r| r.0 < start)
+                .map(|r| (r.0, r.1.min(start - 1))),
         );
     for (first, last) in parts {
         let mut a = first;
         loop {
-            if out.len() == MAX_COOL6 {
+            if out.len() == cap {
                 return out;
             }
             if !leased.contains(&a) {
@@ -231,16 +232,8 @@ pub async fn recover(
     }
     let pool_of = |a: IpAddr| -> String {
         let fam = Family::of(a);
-        let holds = |p: &PoolSpec| match a {
-            IpAddr::V4(v4) => {
-                let n = u32::from(v4);
-                p.ranges.iter().any(|r| r.first <= n && n <= r.last)
-            }
-            IpAddr::V6(v6) => {
-                let n = u128::from(v6);
-                p.ranges6.iter().any(|r| r.first <= n && n <= r.last)
-            }
-        };
+        let holds =
+            |p: &PoolSpec| ip_addr(a).is_some_and(|n| p.ranges.iter().any(|r| r.contains(n)));
         if let Some(p) = static_pools.iter().find(|p| holds(p)) {
             return p.name.clone();
         }
@@ -287,33 +280,24 @@ pub async fn recover(
         report.leases.push((ip, veth, pool));
     }
     if !opts.no_cooldown {
-        for p in static_pools.iter().filter(|p| p.family == Family::Ipv6) {
+        for p in &static_pools {
             let mine: BTreeSet<u128> = leased
                 .iter()
-                .filter(|a| p.ranges6.iter().any(|r| r.first <= **a && **a <= r.last))
+                .filter(|a| p.ranges.iter().any(|r| r.contains(**a)))
                 .copied()
                 .collect();
-            for addr in cooldown6(&p.ranges6, &mine) {
+            let cap = match p.family {
+                Family::Ipv4 => usize::MAX,
+                Family::Ipv6 => MAX_COOL6,
+            };
+            let ranges: Vec<(u128, u128)> = p.address_ranges().collect();
+            for addr in cooldown(&ranges, &mine, cap) {
                 w.cooling(CoolRec {
                     addr,
                     released_at_ms: now,
                     teardown: None,
                 });
                 report.cooling += 1;
-            }
-        }
-        for p in &static_pools {
-            for r in &p.ranges {
-                for a in r.first..=r.last {
-                    if !leased.contains(&Addr::from(a)) {
-                        w.cooling(CoolRec {
-                            addr: a.into(),
-                            released_at_ms: now,
-                            teardown: None,
-                        });
-                        report.cooling += 1;
-                    }
-                }
             }
         }
         for a in listed.keys().filter_map(|a| ip_addr(*a)) {
@@ -391,30 +375,34 @@ pub async fn recover(
 mod tests {
     use super::*;
 
-    fn r(first: u128, last: u128) -> Range6 {
-        Range6 { first, last }
+    fn r(first: u128, last: u128) -> (u128, u128) {
+        (first, last)
     }
 
     #[test]
-    fn cooldown6_walks_in_allocation_order_and_stops_at_the_cap() {
+    fn cooldown_walks_in_allocation_order_and_stops_at_the_cap() {
         let set = |v: &[u128]| v.iter().copied().collect::<BTreeSet<u128>>();
         // From after the highest lease, wrapping to the first range; leases skipped.
         let ranges = [r(0x10, 0x13), r(0x20, 0x21)];
         assert_eq!(
-            cooldown6(&ranges, &set(&[0x11, 0x12])),
+            cooldown(&ranges, &set(&[0x11, 0x12]), usize::MAX),
             [0x13, 0x20, 0x21, 0x10]
         );
         assert_eq!(
-            cooldown6(&ranges, &set(&[])),
+            cooldown(&ranges, &set(&[]), usize::MAX),
             [0x10, 0x11, 0x12, 0x13, 0x20, 0x21]
         );
         assert_eq!(
-            cooldown6(&ranges, &set(&[0x21])),
+            cooldown(&ranges, &set(&[0x21]), usize::MAX),
             [0x10, 0x11, 0x12, 0x13, 0x20]
         );
-        // A /64: the next MAX_COOL6 addresses only.
+        // An IPv6 /64: the next MAX_COOL6 addresses only.
         let base = 0x2001_0db8_0001_0002u128 << 64;
-        let big = cooldown6(&[r(base, base + u128::from(u64::MAX))], &set(&[base + 5]));
+        let big = cooldown(
+            &[r(base, base + u128::from(u64::MAX))],
+            &set(&[base + 5]),
+            MAX_COOL6,
+        );
         assert_eq!(big.len(), MAX_COOL6);
         assert_eq!(
             (big[0], big[MAX_COOL6 - 1]),

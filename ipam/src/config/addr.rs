@@ -1,22 +1,66 @@
-//! Address math: IPv4 ranges, CIDRs, single addresses and range subtraction.
+//! Address math: the addresses, CIDRs and ranges a pool lists, of either family, and range
+//! subtraction.
 
 use std::{
     fmt,
-    net::{Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 
-/// An inclusive range of IPv4 addresses as host-order integers.
+/// An inclusive range of addresses of one family as host-order integers ([`AddrRange`] for
+/// IPv4, [`Range6`] for IPv6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct AddrRange {
-    pub first: u32,
-    pub last: u32,
+pub struct Range<T> {
+    pub first: T,
+    pub last: T,
 }
 
-impl AddrRange {
-    pub fn len(&self) -> u64 {
-        u64::from(self.last - self.first) + 1
+pub type AddrRange = Range<u32>;
+pub type Range6 = Range<u128>;
+
+/// An address of one family as an integer: `u32` for IPv4, `u128` for IPv6.
+pub trait AddrValue: Copy + Ord + Into<u128> {
+    fn ip(self) -> IpAddr;
+    /// Only called with a value of this family.
+    fn narrow(v: u128) -> Self;
+}
+
+impl AddrValue for u32 {
+    fn ip(self) -> IpAddr {
+        Ipv4Addr::from(self).into()
+    }
+    fn narrow(v: u128) -> Self {
+        u32::try_from(v).expect("within an IPv4 range")
+    }
+}
+
+impl AddrValue for u128 {
+    fn ip(self) -> IpAddr {
+        Ipv6Addr::from(self).into()
+    }
+    fn narrow(v: u128) -> Self {
+        v
+    }
+}
+
+impl<T: AddrValue> Range<T> {
+    /// The addresses as allocator values ([`crate::lease::Addr`]).
+    pub fn bounds(&self) -> (u128, u128) {
+        (self.first.into(), self.last.into())
+    }
+
+    /// Only called with bounds of this family.
+    fn from_bounds(first: u128, last: u128) -> Self {
+        Range {
+            first: T::narrow(first),
+            last: T::narrow(last),
+        }
+    }
+
+    /// Number of addresses, saturating (an IPv6 /64 has 2^64).
+    pub fn len(&self) -> u128 {
+        (self.last.into() - self.first.into()).saturating_add(1)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -24,122 +68,269 @@ impl AddrRange {
     }
 }
 
-/// Every address of the prefix, network and broadcast included (pool addresses are routed
-/// /32s, so none is reserved).
-impl From<Ipv4Net> for AddrRange {
-    fn from(net: Ipv4Net) -> Self {
-        Self {
-            first: net.network().into(),
-            last: net.broadcast().into(),
-        }
-    }
-}
-
-impl fmt::Display for AddrRange {
+impl<T: AddrValue> fmt::Display for Range<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.first == self.last {
-            write!(f, "{}", Ipv4Addr::from(self.first))
+            write!(f, "{}", self.first.ip())
         } else {
-            write!(
-                f,
-                "{}-{}",
-                Ipv4Addr::from(self.first),
-                Ipv4Addr::from(self.last)
-            )
+            write!(f, "{}-{}", self.first.ip(), self.last.ip())
         }
     }
 }
 
-/// Parse `a.b.c.d/n`, refusing host bits so a typo cannot silently widen or shift a pool.
+/// An inclusive range of addresses of either family: what a pool lists, excludes and serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum IpRange {
+    V4(AddrRange),
+    V6(Range6),
+}
+
+impl IpRange {
+    /// The addresses as allocator values ([`crate::lease::Addr`]: an IPv4 address is its
+    /// 32-bit value).
+    pub fn bounds(&self) -> (u128, u128) {
+        match self {
+            Self::V4(r) => r.bounds(),
+            Self::V6(r) => r.bounds(),
+        }
+    }
+
+    /// Whether the range holds allocator value `a` (of either family).
+    pub fn contains(&self, a: u128) -> bool {
+        let (first, last) = self.bounds();
+        first <= a && a <= last
+    }
+
+    /// Number of addresses, saturating (an IPv6 /64 has 2^64).
+    pub fn len(&self) -> u128 {
+        match self {
+            Self::V4(r) => r.len(),
+            Self::V6(r) => r.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The first and the last address.
+    pub fn ips(&self) -> (IpAddr, IpAddr) {
+        let (first, last) = self.bounds();
+        (self.ip(first), self.ip(last))
+    }
+
+    /// The range of `self`'s family from allocator values inside it.
+    pub(super) fn with_bounds(&self, first: u128, last: u128) -> Self {
+        match self {
+            Self::V4(_) => Self::V4(AddrRange::from_bounds(first, last)),
+            Self::V6(_) => Self::V6(Range6::from_bounds(first, last)),
+        }
+    }
+
+    pub fn is_ipv6(&self) -> bool {
+        matches!(self, Self::V6(_))
+    }
+
+    pub(super) fn overlaps(&self, other: &Self) -> bool {
+        let ((f1, l1), (f2, l2)) = (self.bounds(), other.bounds());
+        self.is_ipv6() == other.is_ipv6() && f1 <= l2 && f2 <= l1
+    }
+
+    /// The address of allocator value `a` in this range's family.
+    pub(super) fn ip(&self, a: u128) -> IpAddr {
+        match self {
+            Self::V4(_) => u32::narrow(a).ip(),
+            Self::V6(_) => a.ip(),
+        }
+    }
+}
+
+impl fmt::Display for IpRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::V4(r) => r.fmt(f),
+            Self::V6(r) => r.fmt(f),
+        }
+    }
+}
+
+/// What is wrong with an address, CIDR or range a pool lists. `input` is the entry as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddrError {
+    #[error("{input:?} is not a CIDR (expected {expected})")]
+    NotCidr {
+        input: String,
+        expected: &'static str,
+    },
+    #[error("{input:?} is not a range (expected {expected})")]
+    NotRange {
+        input: String,
+        expected: &'static str,
+    },
+    /// The whole entry is not an address.
+    #[error("{input:?} is not an {family} address")]
+    NotAddress { input: String, family: &'static str },
+    /// `part` of the entry (a CIDR's address, one end of a range) is not an address.
+    #[error("{input:?}: {part:?} is not an {family} address")]
+    BadPart {
+        input: String,
+        part: String,
+        family: &'static str,
+    },
+    #[error("{input:?}: prefix length must be 0..={max}")]
+    PrefixLength { input: String, max: u8 },
+    #[error("{input:?} has host bits set (did you mean {network}?)")]
+    HostBits { input: String, network: IpNet },
+    #[error("{input:?}: the first address is after the last")]
+    Reversed { input: String },
+    #[error(
+        "{input:?} reaches into ::/96 (unspecified, loopback, IPv4-compatible), which no pod \
+         address may come from"
+    )]
+    BelowV6Min { input: String },
+}
+
+/// Lowest IPv6 address a pool may hold: `::/96` (unspecified, loopback, the deprecated
+/// IPv4-compatible block) is never a pod address, and the allocator keys IPv4 addresses there.
+const V6_MIN: u128 = 1 << 32;
+
+/// The family an entry is written in: IPv6 when it has a colon.
+fn family_of(s: &str) -> &'static str {
+    if s.contains(':') {
+        "IPv6"
+    } else {
+        "IPv4"
+    }
+}
+
+/// `s` as an address of `family` (what [`family_of`] says of the whole entry).
+fn parse_addr(s: &str, family: &str) -> Option<IpAddr> {
+    let s = s.trim();
+    if family == "IPv6" {
+        s.parse::<Ipv6Addr>().ok().map(IpAddr::from)
+    } else {
+        s.parse::<Ipv4Addr>().ok().map(IpAddr::from)
+    }
+}
+
+/// The range from `first` to `last` (one family), refusing IPv6 addresses in `::/96`.
+fn range(input: &str, first: IpAddr, last: IpAddr) -> Result<IpRange, AddrError> {
+    match (first, last) {
+        (IpAddr::V4(f), IpAddr::V4(l)) => Ok(IpRange::V4(AddrRange {
+            first: f.into(),
+            last: l.into(),
+        })),
+        (IpAddr::V6(f), IpAddr::V6(l)) => {
+            let r = Range6 {
+                first: f.into(),
+                last: l.into(),
+            };
+            if r.first < V6_MIN {
+                return Err(AddrError::BelowV6Min {
+                    input: input.to_owned(),
+                });
+            }
+            Ok(IpRange::V6(r))
+        }
+        _ => unreachable!("both ends are parsed in the family of the entry"),
+    }
+}
+
+/// Parse `a.b.c.d/n` or an IPv6 prefix, refusing host bits so a typo cannot silently widen or
+/// shift a pool. Every address of the prefix counts (pool addresses are routed /32s and
+/// /128s, so none is reserved); `cidrs` leave IPv6's subnet-router anycast address out
+/// elsewhere.
 ///
-/// Split by hand rather than with `Ipv4Net::from_str` so each mistake gets its own message.
-pub(super) fn parse_cidr(s: &str) -> Result<Ipv4Net, String> {
-    let (ip, len) = s
-        .split_once('/')
-        .ok_or_else(|| format!("{s:?} is not a CIDR (expected a.b.c.d/len)"))?;
-    let ip: Ipv4Addr = ip
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?}: {ip:?} is not an IPv4 address"))?;
+/// Split by hand rather than with `IpNet::from_str` so each mistake gets its own message.
+pub(super) fn parse_cidr(s: &str) -> Result<IpRange, AddrError> {
+    let input = || s.to_owned();
+    let family = family_of(s);
+    let (ip, len) = s.split_once('/').ok_or_else(|| AddrError::NotCidr {
+        input: input(),
+        expected: if family == "IPv6" {
+            "an IPv6 prefix such as fd00::/112"
+        } else {
+            "a.b.c.d/len"
+        },
+    })?;
+    let addr = parse_addr(ip, family).ok_or_else(|| AddrError::BadPart {
+        input: input(),
+        part: ip.to_owned(),
+        family,
+    })?;
     let net = len
         .trim()
         .parse::<u8>()
         .ok()
-        .and_then(|len| Ipv4Net::new(ip, len).ok())
-        .ok_or_else(|| format!("{s:?}: prefix length must be 0..=32"))?;
+        .and_then(|len| IpNet::new(addr, len).ok())
+        .ok_or_else(|| AddrError::PrefixLength {
+            input: input(),
+            max: if addr.is_ipv6() { 128 } else { 32 },
+        })?;
     if net.trunc() != net {
-        return Err(format!(
-            "{s:?} has host bits set (did you mean {}?)",
-            net.trunc()
-        ));
+        return Err(AddrError::HostBits {
+            input: input(),
+            network: net.trunc(),
+        });
     }
-    Ok(net)
+    range(s, net.network(), net.broadcast())
 }
 
-pub(super) fn parse_ip(s: &str) -> Result<AddrRange, String> {
-    let ip: Ipv4Addr = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not an IPv4 address"))?;
-    Ok(AddrRange {
-        first: ip.into(),
-        last: ip.into(),
-    })
+/// Parse a single address.
+pub(super) fn parse_ip(s: &str) -> Result<IpRange, AddrError> {
+    let family = family_of(s);
+    let ip = parse_addr(s, family).ok_or_else(|| AddrError::NotAddress {
+        input: s.to_owned(),
+        family,
+    })?;
+    range(s, ip, ip)
 }
 
-pub(super) fn parse_range(s: &str) -> Result<AddrRange, String> {
-    let (a, b) = s
-        .split_once('-')
-        .ok_or_else(|| format!("{s:?} is not a range (expected a.b.c.d-e.f.g.h)"))?;
-    let a = parse_ip(a).map_err(|m| format!("{s:?}: {m}"))?;
-    let b = parse_ip(b).map_err(|m| format!("{s:?}: {m}"))?;
-    if a.first > b.first {
-        return Err(format!("{s:?}: the first address is after the last"));
+/// Parse `first-last`.
+pub(super) fn parse_range(s: &str) -> Result<IpRange, AddrError> {
+    let family = family_of(s);
+    let (a, b) = s.split_once('-').ok_or_else(|| AddrError::NotRange {
+        input: s.to_owned(),
+        expected: if family == "IPv6" {
+            "fd00::10-fd00::20"
+        } else {
+            "a.b.c.d-e.f.g.h"
+        },
+    })?;
+    let end = |x: &str| {
+        parse_addr(x, family).ok_or_else(|| AddrError::BadPart {
+            input: s.to_owned(),
+            part: x.to_owned(),
+            family,
+        })
+    };
+    let (first, last) = (end(a)?, end(b)?);
+    if first > last {
+        return Err(AddrError::Reversed {
+            input: s.to_owned(),
+        });
     }
-    Ok(AddrRange {
-        first: a.first,
-        last: b.first,
-    })
+    range(s, first, last)
 }
 
-/// An inclusive range of addresses as integers, of either family: what [`subtract_spans`] works on.
-pub(super) trait Span: Copy + Ord {
-    fn bounds(&self) -> (u128, u128);
-    /// Only called with bounds inside a range of the same type.
-    fn from_bounds(first: u128, last: u128) -> Self;
-}
-
-impl Span for AddrRange {
-    fn bounds(&self) -> (u128, u128) {
-        (u128::from(self.first), u128::from(self.last))
-    }
-    fn from_bounds(first: u128, last: u128) -> Self {
-        let narrow = |x: u128| u32::try_from(x).expect("within an IPv4 range");
-        AddrRange {
-            first: narrow(first),
-            last: narrow(last),
-        }
-    }
-}
-
-impl Span for Range6 {
-    fn bounds(&self) -> (u128, u128) {
-        (self.first, self.last)
-    }
-    fn from_bounds(first: u128, last: u128) -> Self {
-        Range6 { first, last }
+/// An `exclude` entry: a CIDR, or a single address.
+pub(super) fn parse_exclusion(s: &str) -> Result<IpRange, AddrError> {
+    if s.contains('/') {
+        parse_cidr(s)
+    } else {
+        parse_ip(s)
     }
 }
 
-/// `ranges` (sorted, disjoint) minus `excl`; the result is sorted, disjoint and merged.
-fn subtract_spans<S: Span>(ranges: &[S], excl: &mut [S]) -> Vec<S> {
+/// `ranges` (sorted, disjoint, one family) minus `excl`; the result is sorted, disjoint and
+/// merged.
+pub(super) fn subtract(ranges: &[IpRange], excl: &mut [(u128, u128)]) -> Vec<IpRange> {
     excl.sort();
     let mut out: Vec<(u128, u128)> = Vec::new();
     for r in ranges {
         let mut cur = Some(r.bounds());
-        for e in excl.iter() {
+        for &(ef, el) in excl.iter() {
             let Some((cf, cl)) = cur else { break };
-            let (ef, el) = e.bounds();
             if el < cf || ef > cl {
                 continue;
             }
@@ -160,144 +351,11 @@ fn subtract_spans<S: Span>(ranges: &[S], excl: &mut [S]) -> Vec<S> {
             _ => merged.push((first, last)),
         }
     }
+    let Some(like) = ranges.first() else {
+        return Vec::new();
+    };
     merged
         .into_iter()
-        .map(|(f, l)| S::from_bounds(f, l))
+        .map(|(f, l)| like.with_bounds(f, l))
         .collect()
-}
-
-/// `ranges` (sorted, disjoint) minus `excl`; the result is sorted, disjoint and merged.
-pub(super) fn subtract(ranges: &[AddrRange], excl: &mut [AddrRange]) -> Vec<AddrRange> {
-    subtract_spans(ranges, excl)
-}
-
-/// An inclusive range of IPv6 addresses as integers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Range6 {
-    pub first: u128,
-    pub last: u128,
-}
-
-impl Range6 {
-    /// Number of addresses, saturating (a /64 has 2^64).
-    pub fn len(&self) -> u128 {
-        (self.last - self.first).saturating_add(1)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-}
-
-impl fmt::Display for Range6 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.first == self.last {
-            write!(f, "{}", Ipv6Addr::from(self.first))
-        } else {
-            write!(
-                f,
-                "{}-{}",
-                Ipv6Addr::from(self.first),
-                Ipv6Addr::from(self.last)
-            )
-        }
-    }
-}
-
-/// A configured address, CIDR or range of either family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum AnyRange {
-    V4(AddrRange),
-    V6(Range6),
-}
-
-/// Lowest IPv6 address a pool may hold: `::/96` (unspecified, loopback, the deprecated
-/// IPv4-compatible block) is never a pod address, and the allocator keys IPv4 addresses there.
-const V6_MIN: u128 = 1 << 32;
-
-fn v6_range(s: &str, first: Ipv6Addr, last: Ipv6Addr) -> Result<AnyRange, String> {
-    let r = Range6 {
-        first: first.into(),
-        last: last.into(),
-    };
-    if r.first < V6_MIN {
-        return Err(format!(
-            "{s:?} reaches into ::/96 (unspecified, loopback, IPv4-compatible), which no pod \
-             address may come from"
-        ));
-    }
-    Ok(AnyRange::V6(r))
-}
-
-/// Parse an IPv4 or IPv6 CIDR, refusing host bits (the IPv4 form's messages unchanged).
-pub(super) fn parse_any_cidr(s: &str) -> Result<AnyRange, String> {
-    let Some((ip, len)) = s.split_once('/') else {
-        return Err(format!(
-            "{s:?} is not a CIDR (expected a.b.c.d/len or an IPv6 prefix such as fd00::/112)"
-        ));
-    };
-    if !ip.contains(':') {
-        return parse_cidr(s).map(|n| AnyRange::V4(n.into()));
-    }
-    let ip: Ipv6Addr = ip
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?}: {ip:?} is not an IPv6 address"))?;
-    let net = len
-        .trim()
-        .parse::<u8>()
-        .ok()
-        .and_then(|len| Ipv6Net::new(ip, len).ok())
-        .ok_or_else(|| format!("{s:?}: prefix length must be 0..=128"))?;
-    if net.trunc() != net {
-        return Err(format!(
-            "{s:?} has host bits set (did you mean {}?)",
-            net.trunc()
-        ));
-    }
-    v6_range(s, net.network(), net.broadcast())
-}
-
-pub(super) fn parse_any_ip(s: &str) -> Result<AnyRange, String> {
-    if !s.contains(':') {
-        return parse_ip(s).map(AnyRange::V4);
-    }
-    let ip: Ipv6Addr = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not an IPv6 address"))?;
-    v6_range(s, ip, ip)
-}
-
-/// An `exclude` entry of either family: a CIDR, or a single address.
-pub(super) fn parse_any_exclusion(s: &str) -> Result<AnyRange, String> {
-    if s.contains('/') {
-        parse_any_cidr(s)
-    } else {
-        parse_any_ip(s)
-    }
-}
-
-pub(super) fn parse_any_range(s: &str) -> Result<AnyRange, String> {
-    if !s.contains(':') {
-        return parse_range(s).map(AnyRange::V4);
-    }
-    let (a, b) = s
-        .split_once('-')
-        .ok_or_else(|| format!("{s:?} is not a range (expected fd00::10-fd00::20)"))?;
-    let parse = |x: &str| {
-        x.trim()
-            .parse::<Ipv6Addr>()
-            .map_err(|_| format!("{s:?}: {x:?} is not an IPv6 address"))
-    };
-    let (a, b) = (parse(a)?, parse(b)?);
-    if a > b {
-        return Err(format!("{s:?}: the first address is after the last"));
-    }
-    v6_range(s, a, b)
-}
-
-/// [`subtract`] for IPv6 ranges.
-pub(super) fn subtract6(ranges: &[Range6], excl: &mut [Range6]) -> Vec<Range6> {
-    subtract_spans(ranges, excl)
 }

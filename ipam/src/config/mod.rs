@@ -4,6 +4,7 @@
 //! daemon at start instead of surfacing as a confusing allocation failure later.
 
 mod addr;
+mod error;
 mod parse;
 mod pool;
 mod reserved;
@@ -14,10 +15,11 @@ use std::{path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-pub use addr::{AddrRange, Range6};
+pub use addr::{AddrError, IpRange};
+pub use error::{ConfigError, ConfigProblem, DurationError};
 pub use parse::parse_duration;
-pub use pool::{check_metadata_url, ImdsSpec, PoolSource, PoolSpec};
-pub use reserved::{reserved, reserved4, reserved6};
+pub use pool::{check_metadata_url, ImdsSpec, PoolSource, PoolSpec, UrlError};
+pub use reserved::reserved;
 
 /// Default config path.
 pub const DEFAULT_CONFIG: &str = "/etc/aliasnet/ipamd.toml";
@@ -48,24 +50,6 @@ pub const DEFAULT_IMDS_URL: &str =
     "http://169.254.169.254/metadata/instance/network?api-version=2021-02-01";
 /// Most addresses one metadata pool tracks (Azure allows 256 per NIC).
 pub const MAX_METADATA_ADDRESSES: usize = 1 << 16;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("invalid config {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error("invalid config {path}: `{field}`: {message}")]
-    Invalid {
-        path: PathBuf,
-        field: String,
-        message: String,
-    },
-}
 
 /// What Allocate does when every free address of the eligible pools is still cooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

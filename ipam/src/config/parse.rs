@@ -105,15 +105,15 @@ impl Config {
             path: path.to_path_buf(),
             message: e.to_string().trim_end().to_owned(),
         })?;
-        let invalid = |field: &str, message: String| ConfigError::Invalid {
+        let invalid = |field: &str, problem: ConfigProblem| ConfigError::Invalid {
             path: path.to_path_buf(),
             field: field.to_owned(),
-            message,
+            problem: Box::new(problem),
         };
 
         let cooldown = match &raw.cooldown {
             None => DEFAULT_COOLDOWN,
-            Some(s) => parse_duration(s).map_err(|m| invalid("cooldown", m))?,
+            Some(s) => parse_duration(s).map_err(|e| invalid("cooldown", e.into()))?,
         };
         for (field, p) in [
             ("socket", &raw.socket),
@@ -123,35 +123,33 @@ impl Config {
             if !p.is_absolute() {
                 return Err(invalid(
                     field,
-                    format!(
-                        "must be an absolute path, got {:?}",
-                        p.display().to_string()
-                    ),
+                    ConfigProblem::NotAbsolute {
+                        path: p.display().to_string(),
+                    },
                 ));
             }
         }
         if raw.state_dir == raw.spool_dir {
-            return Err(invalid(
-                "spool_dir",
-                "must differ from state_dir (the plugin writes into it)".into(),
-            ));
+            return Err(invalid("spool_dir", ConfigProblem::SpoolIsStateDir));
         }
-        check_veth_prefix(&raw.host_veth_prefix).map_err(|m| invalid("host_veth_prefix", m))?;
+        check_veth_prefix(&raw.host_veth_prefix).map_err(|p| invalid("host_veth_prefix", p))?;
         if raw.log_level.trim().is_empty() {
-            return Err(invalid("log_level", "must not be empty".into()));
+            return Err(invalid("log_level", ConfigProblem::Empty));
         }
         let metrics_address = match raw.metrics_address.trim() {
             "" => None,
             a => Some(a.parse::<std::net::SocketAddr>().map_err(|_| {
                 invalid(
                     "metrics_address",
-                    format!("{a:?} is not an IP:port such as \"127.0.0.1:9545\" (\"\" disables the endpoint)"),
+                    ConfigProblem::MetricsAddress {
+                        address: a.to_owned(),
+                    },
                 )
             })?),
         };
         let dur = |field: &str, v: &Option<String>, default: Duration| match v {
             None => Ok(default),
-            Some(s) => parse_duration(s).map_err(|m| invalid(field, m)),
+            Some(s) => parse_duration(s).map_err(|e| invalid(field, e.into())),
         };
         let reconcile_interval = dur(
             "reconcile_interval",
@@ -161,7 +159,7 @@ impl Config {
         if !reconcile_interval.is_zero() && reconcile_interval < Duration::from_secs(1) {
             return Err(invalid(
                 "reconcile_interval",
-                "must be at least 1s (or \"0s\": off)".into(),
+                ConfigProblem::ReconcileInterval,
             ));
         }
         let reconcile_grace = dur(
@@ -170,41 +168,37 @@ impl Config {
             DEFAULT_RECONCILE_GRACE,
         )?;
         if reconcile_grace < Duration::from_secs(5) {
-            return Err(invalid(
-                "reconcile_grace",
-                "must be at least 5s: an ADD in progress has reserved its address before its veth exists".into(),
-            ));
+            return Err(invalid("reconcile_grace", ConfigProblem::ReconcileGrace));
         }
         let gc_grace = dur("gc_grace", &raw.gc_grace, DEFAULT_GC_GRACE)?;
 
         if raw.pools.is_empty() {
-            return Err(invalid(
-                "pool",
-                "no [[pool]] defined; the daemon needs at least one address pool".into(),
-            ));
+            return Err(invalid("pool", ConfigProblem::NoPools));
         }
         if raw.pools.len() > MAX_POOLS {
             return Err(invalid(
                 "pool",
-                format!(
-                    "{} pools defined; at most {MAX_POOLS} are supported",
-                    raw.pools.len()
-                ),
+                ConfigProblem::TooManyPools {
+                    count: raw.pools.len(),
+                },
             ));
         }
         let mut warnings = Vec::new();
         let mut pools: Vec<PoolSpec> = Vec::with_capacity(raw.pools.len());
         for (i, rp) in raw.pools.iter().enumerate() {
-            let spec = build_pool(i, rp, &mut warnings).map_err(|(f, m)| invalid(&f, m))?;
+            let spec = build_pool(i, rp, &mut warnings).map_err(|(f, p)| invalid(&f, p))?;
             if let Some(other) = pools.iter().position(|p| p.name == spec.name) {
                 return Err(invalid(
                     &format!("pool[{i}].name"),
-                    format!("duplicate pool name '{}' (also pool[{other}])", spec.name),
+                    ConfigProblem::DuplicatePool {
+                        name: spec.name,
+                        other,
+                    },
                 ));
             }
             pools.push(spec);
         }
-        check_pool_overlaps(&pools).map_err(|m| invalid("pool", m))?;
+        check_pool_overlaps(&pools).map_err(|p| invalid("pool", p))?;
         // IPv6 pools are not enumerated: their size costs no memory.
         let total: u64 = pools
             .iter()
@@ -212,12 +206,7 @@ impl Config {
             .map(|p| p.size)
             .sum();
         if total > MAX_TOTAL_ADDRESSES {
-            return Err(invalid(
-                "pool",
-                format!(
-                    "pools total {total} addresses; one daemon manages at most {MAX_TOTAL_ADDRESSES}"
-                ),
-            ));
+            return Err(invalid("pool", ConfigProblem::TooManyAddresses { total }));
         }
 
         Ok(Self {
@@ -246,31 +235,28 @@ impl Config {
     }
 }
 
-fn check_veth_prefix(p: &str) -> Result<(), String> {
+fn check_veth_prefix(p: &str) -> Result<(), ConfigProblem> {
+    let prefix = || p.to_owned();
     if p.is_empty() || p.len() > MAX_VETH_PREFIX {
-        return Err(format!(
-            "must be 1 to {MAX_VETH_PREFIX} characters, got {p:?}"
-        ));
+        return Err(ConfigProblem::VethPrefixLength { prefix: prefix() });
     }
     if !p
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(format!(
-            "may only contain ASCII letters, digits, '-' and '_', got {p:?}"
-        ));
+        return Err(ConfigProblem::VethPrefixCharacters { prefix: prefix() });
     }
     Ok(())
 }
 
 /// Parse a duration like `0`, `500ms`, `130s`, `2m`, `1h`, `1m30s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let t = s.trim();
     if t == "0" {
         return Ok(Duration::ZERO);
     }
-    let bad = || {
-        format!("invalid duration {s:?}: expected a number with a unit (ms, s, m, h), e.g. \"130s\", \"500ms\", \"2m\", \"1m30s\"")
+    let bad = || DurationError {
+        input: s.to_owned(),
     };
     if t.is_empty() {
         return Err(bad());

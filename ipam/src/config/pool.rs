@@ -2,16 +2,14 @@
 
 use std::{fmt, net::Ipv4Addr, time::Duration};
 
-use super::*;
-
 use aliasnet_ipam_proto::Family;
 
-use super::addr::{
-    parse_any_cidr, parse_any_exclusion, parse_any_ip, parse_any_range, parse_cidr, parse_ip,
-    parse_range, subtract, subtract6, AnyRange,
+use super::{
+    addr::{parse_cidr, parse_exclusion, parse_ip, parse_range, subtract, AddrError, IpRange},
+    parse::RawPool,
+    reserved::reserved_in,
+    *,
 };
-use super::parse::RawPool;
-use super::reserved::{reserved_in, reserved_in6};
 
 /// Where a pool's addresses come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,52 +62,50 @@ pub struct PoolSpec {
     pub source: PoolSource,
     /// Family of every address of the pool (a pool is single-family).
     pub family: Family,
-    /// Usable IPv4 addresses (exclusions applied): sorted, disjoint, non-adjacent.
-    pub ranges: Vec<AddrRange>,
-    /// Usable IPv6 addresses, likewise (IPv6 pools only).
-    pub ranges6: Vec<Range6>,
+    /// Usable addresses, all of `family` (exclusions applied): sorted, disjoint,
+    /// non-adjacent. Empty for metadata pools.
+    pub ranges: Vec<IpRange>,
     /// Number of usable addresses (saturating: a /64 has more than `u64` counts).
     pub size: u64,
     /// Short human description of the configured sources, for messages ("10.240.1.0/24").
     pub description: String,
-    /// Exclusions (metadata pools apply them to the addresses they read).
-    pub exclude: Vec<AddrRange>,
-    /// IPv6 exclusions (already applied to `ranges6`; IPv6 metadata pools apply them to the
+    /// Exclusions of `family` (already applied to `ranges`; metadata pools apply them to the
     /// addresses they read).
-    pub exclude6: Vec<Range6>,
+    pub exclude: Vec<IpRange>,
     /// Set for `azure-imds` pools (which have no `ranges`).
     pub imds: Option<ImdsSpec>,
 }
 
 impl PoolSpec {
-    pub fn is_excluded(&self, addr: u32) -> bool {
-        self.exclude
-            .iter()
-            .any(|r| r.first <= addr && addr <= r.last)
+    /// The usable addresses as allocator values ([`crate::lease::Addr`]: an IPv4 address is
+    /// its 32-bit value), whichever family the pool serves: sorted, disjoint ranges.
+    pub fn address_ranges(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
+        self.ranges.iter().map(IpRange::bounds)
     }
 
-    /// Whether an IPv6 exclusion covers `addr` (metadata pools apply them to what they read).
-    pub fn is_excluded6(&self, addr: u128) -> bool {
-        self.exclude6
-            .iter()
-            .any(|r| r.first <= addr && addr <= r.last)
+    /// Whether an exclusion covers `addr` (an allocator value of either family; metadata pools
+    /// apply the exclusions to the addresses they read).
+    pub fn is_excluded(&self, addr: u128) -> bool {
+        self.exclude.iter().any(|r| r.contains(addr))
     }
 }
 
-/// Build one pool; errors are (field, message).
+/// Build one pool; errors name the key.
 pub(super) fn build_pool(
     i: usize,
     rp: &RawPool,
     warnings: &mut Vec<String>,
-) -> Result<PoolSpec, (String, String)> {
+) -> Result<PoolSpec, (String, ConfigProblem)> {
     let name = rp.name.trim();
     if name.is_empty() {
-        return Err((format!("pool[{i}].name"), "must not be empty".into()));
+        return Err((format!("pool[{i}].name"), ConfigProblem::Empty));
     }
     if name.len() > 64 || !name.bytes().all(|b| b.is_ascii_graphic()) {
         return Err((
             format!("pool[{i}].name"),
-            format!("{name:?} must be 1 to 64 printable ASCII characters without spaces"),
+            ConfigProblem::PoolName {
+                name: name.to_owned(),
+            },
         ));
     }
     let at = |field: &str| format!("pool '{name}'.{field}");
@@ -120,9 +116,9 @@ pub(super) fn build_pool(
         other => {
             return Err((
                 at("source"),
-                format!(
-                    "unknown source {other:?}; expected \"static\", \"prefixes\" or \"azure-imds\""
-                ),
+                ConfigProblem::UnknownSource {
+                    given: other.to_owned(),
+                },
             ))
         }
     };
@@ -146,287 +142,165 @@ pub(super) fn build_pool(
     if let Some((k, _)) = given.iter().find(|(k, g)| *g && !allowed.contains(k)) {
         return Err((
             at(k),
-            format!(
-                "not used by source \"{source}\" (it takes: {}, exclude)",
-                allowed.join(", ")
-            ),
+            ConfigProblem::NotForSource {
+                pool_source: source,
+                takes: allowed.join(", "),
+            },
         ));
     }
-    if source != PoolSource::AzureImds {
-        let any = rp
-            .cidrs
-            .iter()
-            .chain(&rp.ranges)
-            .chain(&rp.ips)
-            .chain(&rp.prefixes)
-            .any(|s| s.contains(':'));
-        if any {
-            return build_pool6(name, source, rp, warnings);
-        }
+    match source {
+        PoolSource::AzureImds => build_metadata(name, rp, warnings),
+        PoolSource::Static | PoolSource::Prefixes => build_listed(name, source, rp, warnings),
     }
-    if source == PoolSource::AzureImds
-        && metadata_family(rp).map_err(|m| (at("family"), m))? == Family::Ipv6
-    {
-        return build_imds6(name, rp, warnings);
-    }
-    let mut excl: Vec<AddrRange> = Vec::new();
-    for (j, s) in rp.exclude.iter().enumerate() {
-        if s.contains(':') {
-            // An IPv6 exclusion cannot touch an IPv4 pool.
-            warnings.push(format!(
-                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
-            ));
-            continue;
-        }
-        let r = if s.contains('/') {
-            parse_cidr(s).map(AddrRange::from)
-        } else {
-            parse_ip(s)
-        }
-        .map_err(|m| (at(&format!("exclude[{j}]")), m))?;
-        excl.push(r);
-    }
-    if source == PoolSource::AzureImds {
-        let imds = build_imds(rp).map_err(|(f, m)| (at(&f), m))?;
-        excl.sort();
-        return Ok(PoolSpec {
-            name: name.to_owned(),
-            source,
-            family: Family::Ipv4,
-            ranges: Vec::new(),
-            ranges6: Vec::new(),
-            size: 0,
-            description: format!("metadata from {}", imds.url),
-            exclude: excl,
-            exclude6: Vec::new(),
-            imds: Some(imds),
-        });
-    }
-
-    // Every configured range, remembering where it came from for duplicate messages.
-    let mut parts: Vec<(AddrRange, String)> = Vec::new();
-    for (j, s) in rp.cidrs.iter().enumerate() {
-        let r = parse_cidr(s)
-            .map_err(|m| (at(&format!("cidrs[{j}]")), m))?
-            .into();
-        parts.push((r, format!("cidrs[{j}] {s:?}")));
-    }
-    for (j, s) in rp.ranges.iter().enumerate() {
-        let r = parse_range(s).map_err(|m| (at(&format!("ranges[{j}]")), m))?;
-        parts.push((r, format!("ranges[{j}] {s:?}")));
-    }
-    for (j, s) in rp.ips.iter().enumerate() {
-        let r = parse_ip(s).map_err(|m| (at(&format!("ips[{j}]")), m))?;
-        parts.push((r, format!("ips[{j}] {s:?}")));
-    }
-    for (j, s) in rp.prefixes.iter().enumerate() {
-        let r = parse_cidr(s)
-            .map_err(|m| (at(&format!("prefixes[{j}]")), m))?
-            .into();
-        parts.push((r, format!("prefixes[{j}] {s:?}")));
-    }
-    if parts.is_empty() {
-        return Err(match source {
-            PoolSource::Prefixes => (
-                at("prefixes"),
-                "the pool lists no blocks (set prefixes = [\"10.64.0.0/28\", ...])".into(),
-            ),
-            _ => (
-                at("cidrs"),
-                "the pool lists no addresses (set cidrs, ranges or ips)".into(),
-            ),
-        });
-    }
-    parts.sort_by_key(|(r, _)| *r);
-    for w in parts.windows(2) {
-        if w[1].0.first <= w[0].0.last {
-            return Err((
-                at("cidrs"),
-                format!(
-                    "{} overlaps {} (first shared address {})",
-                    w[0].1,
-                    w[1].1,
-                    Ipv4Addr::from(w[1].0.first)
-                ),
-            ));
-        }
-    }
-    let description = describe(rp);
-    for (j, (r, s)) in rp
-        .exclude
-        .iter()
-        .zip(&excl)
-        .map(|(s, r)| (r, s))
-        .enumerate()
-    {
-        if !parts
-            .iter()
-            .any(|(p, _)| p.first <= r.last && r.first <= p.last)
-        {
-            warnings.push(format!(
-                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
-            ));
-        }
-    }
-    let exclude = excl.clone();
-    let listed: Vec<AddrRange> = parts.iter().map(|(r, _)| *r).collect();
-    let reserved = reserved_in(&listed);
-    excl.extend(reserved.iter().map(|(r, _)| *r));
-    let ranges = subtract(&listed, &mut excl);
-    let size: u64 = ranges.iter().map(AddrRange::len).sum();
-    if size == 0 {
-        return Err(empty_pool(at("exclude"), &reserved));
-    }
-    warn_reserved(name, &reserved, warnings);
-    if size > MAX_TOTAL_ADDRESSES {
-        return Err((
-            at("cidrs"),
-            format!(
-                "the pool has {size} addresses; one daemon manages at most {MAX_TOTAL_ADDRESSES}"
-            ),
-        ));
-    }
-    Ok(PoolSpec {
-        name: name.to_owned(),
-        source,
-        family: Family::Ipv4,
-        ranges,
-        ranges6: Vec::new(),
-        size,
-        description,
-        exclude,
-        exclude6: Vec::new(),
-        imds: None,
-    })
 }
 
-/// Build a static or prefixes pool that lists an IPv6 address: every address must be IPv6.
-fn build_pool6(
+/// The exclusions of a pool of `family` (IPv6 when `ipv6`) that `keep` accepts; the others
+/// have no effect and get a warning.
+fn exclusions(
+    name: &str,
+    rp: &RawPool,
+    keep: impl Fn(&IpRange) -> bool,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<IpRange>, (String, ConfigProblem)> {
+    let mut excl = Vec::new();
+    for (j, s) in rp.exclude.iter().enumerate() {
+        let r =
+            parse_exclusion(s).map_err(|e| (format!("pool '{name}'.exclude[{j}]"), e.into()))?;
+        if keep(&r) {
+            excl.push(r);
+        } else {
+            warnings.push(format!(
+                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
+            ));
+        }
+    }
+    excl.sort();
+    Ok(excl)
+}
+
+/// A static or prefixes pool: the addresses it lists, all of one family, minus its exclusions
+/// and the reserved ones.
+fn build_listed(
     name: &str,
     source: PoolSource,
     rp: &RawPool,
     warnings: &mut Vec<String>,
-) -> Result<PoolSpec, (String, String)> {
+) -> Result<PoolSpec, (String, ConfigProblem)> {
     let at = |field: &str| format!("pool '{name}'.{field}");
-    let mut parts: Vec<(Range6, String)> = Vec::new();
-    let mut v4: Option<String> = None;
-    // Subnet-router anycast addresses (RFC 4291 2.6.1) of the `cidrs`.
-    let mut anycast: Vec<Range6> = Vec::new();
-    type Parse = fn(&str) -> Result<AnyRange, String>;
+    // Every configured range, remembering where it came from for messages.
+    let mut parts: Vec<(IpRange, String)> = Vec::new();
+    // Subnet-router anycast addresses (RFC 4291 2.6.1) of IPv6 `cidrs`.
+    let mut anycast: Vec<(u128, u128)> = Vec::new();
+    type Parse = fn(&str) -> Result<IpRange, AddrError>;
     let lists: [(&str, &Vec<String>, Parse); 4] = [
-        ("cidrs", &rp.cidrs, parse_any_cidr),
-        ("ranges", &rp.ranges, parse_any_range),
-        ("ips", &rp.ips, parse_any_ip),
-        ("prefixes", &rp.prefixes, parse_any_cidr),
+        ("cidrs", &rp.cidrs, parse_cidr),
+        ("ranges", &rp.ranges, parse_range),
+        ("ips", &rp.ips, parse_ip),
+        ("prefixes", &rp.prefixes, parse_cidr),
     ];
     for (field, list, parse) in lists {
         for (j, s) in list.iter().enumerate() {
             let what = format!("{field}[{j}]");
-            match parse(s).map_err(|m| (at(&what), m))? {
-                AnyRange::V6(r) => {
-                    // A `cidrs` entry is a subnet: its all-zero host address is the
-                    // subnet-router anycast address, which a router (the kernel, with
-                    // forwarding on, for a prefix on one of its interfaces) answers itself, so
-                    // a pod must never hold it. Not for /127 and /128 (RFC 6164; the kernel
-                    // does not join it there either), nor for delegated `prefixes`, which are
-                    // routed to the node whole.
-                    if field == "cidrs" && r.len() > 2 {
-                        anycast.push(Range6 {
-                            first: r.first,
-                            last: r.first,
-                        });
-                    }
-                    parts.push((r, format!("{what} {s:?}")));
-                }
-                AnyRange::V4(_) => {
-                    v4.get_or_insert(format!("{what} {s:?}"));
-                }
+            let r = parse(s).map_err(|e| (at(&what), e.into()))?;
+            let (first, last) = r.bounds();
+            // An IPv6 `cidrs` entry is a subnet: its all-zero host address is the
+            // subnet-router anycast address, which a router (the kernel, with forwarding on,
+            // for a prefix on one of its interfaces) answers itself, so a pod must never hold
+            // it. Not for /127 and /128 (RFC 6164; the kernel does not join it there either),
+            // nor for delegated `prefixes`, which are routed to the node whole.
+            if field == "cidrs" && r.is_ipv6() && last - first > 1 {
+                anycast.push((first, first));
             }
+            parts.push((r, format!("{what} {s:?}")));
         }
     }
-    if let (Some(v4), Some((_, v6))) = (v4, parts.first()) {
+    if parts.is_empty() {
+        return Err(match source {
+            PoolSource::Prefixes => (at("prefixes"), ConfigProblem::NoBlocks),
+            _ => (at("cidrs"), ConfigProblem::NoAddresses),
+        });
+    }
+    let first_of = |v6: bool| parts.iter().find(|(r, _)| r.is_ipv6() == v6);
+    if let (Some((_, v4)), Some((_, v6))) = (first_of(false), first_of(true)) {
         return Err((
             at("cidrs"),
-            format!(
-                "mixes IPv4 ({v4}) and IPv6 ({v6}) addresses; a pool serves one family: put each family in its own pool"
-            ),
+            ConfigProblem::MixedFamilies {
+                v4: v4.clone(),
+                v6: v6.clone(),
+            },
         ));
     }
-    let mut excl: Vec<Range6> = Vec::new();
-    for (j, s) in rp.exclude.iter().enumerate() {
-        let r = parse_any_exclusion(s).map_err(|m| (at(&format!("exclude[{j}]")), m))?;
-        match r {
-            AnyRange::V6(r) if parts.iter().any(|(p, _)| p.first <= r.last && r.first <= p.last) => {
-                excl.push(r)
-            }
-            _ => warnings.push(format!(
-                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
-            )),
-        }
-    }
+    let ipv6 = parts[0].0.is_ipv6();
+    let excl = exclusions(
+        name,
+        rp,
+        |r| parts.iter().any(|(p, _)| p.overlaps(r)),
+        warnings,
+    )?;
     parts.sort_by_key(|(r, _)| *r);
     for w in parts.windows(2) {
-        if w[1].0.first <= w[0].0.last {
+        if w[1].0.overlaps(&w[0].0) {
             return Err((
                 at("cidrs"),
-                format!(
-                    "{} overlaps {} (first shared address {})",
-                    w[0].1,
-                    w[1].1,
-                    std::net::Ipv6Addr::from(w[1].0.first)
-                ),
+                ConfigProblem::Overlap {
+                    first: w[0].1.clone(),
+                    second: w[1].1.clone(),
+                    shared: w[1].0.ip(w[1].0.bounds().0),
+                },
             ));
         }
     }
-    let exclude6 = excl.clone();
-    excl.extend(anycast);
-    let listed: Vec<Range6> = parts.iter().map(|(r, _)| *r).collect();
-    let reserved = reserved_in6(&listed);
-    excl.extend(reserved.iter().map(|(r, _)| *r));
-    let ranges6 = subtract6(&listed, &mut excl);
-    if ranges6.is_empty() {
-        return Err(empty_pool(at("exclude"), &reserved));
+    let listed: Vec<IpRange> = parts.iter().map(|(r, _)| *r).collect();
+    let reserved = reserved_in(&listed);
+    let mut cut: Vec<(u128, u128)> = excl
+        .iter()
+        .map(IpRange::bounds)
+        .chain(anycast)
+        .chain(reserved.iter().map(|(r, _)| r.bounds()))
+        .collect();
+    let ranges = subtract(&listed, &mut cut);
+    if ranges.is_empty() {
+        return Err((at("exclude"), empty_pool(&reserved)));
     }
     warn_reserved(name, &reserved, warnings);
-    let size: u128 = ranges6.iter().fold(0u128, |n, r| n.saturating_add(r.len()));
+    let size = ranges.iter().fold(0u128, |n, r| {
+        let (first, last) = r.bounds();
+        n.saturating_add(last - first + 1)
+    });
+    let size = u64::try_from(size).unwrap_or(u64::MAX);
+    // An IPv4 pool has a bit per address; an IPv6 one is never enumerated.
+    if !ipv6 && size > MAX_TOTAL_ADDRESSES {
+        return Err((at("cidrs"), ConfigProblem::PoolTooLarge { size }));
+    }
     Ok(PoolSpec {
         name: name.to_owned(),
         source,
-        family: Family::Ipv6,
-        ranges: Vec::new(),
-        ranges6,
-        size: u64::try_from(size).unwrap_or(u64::MAX),
+        family: if ipv6 { Family::Ipv6 } else { Family::Ipv4 },
+        ranges,
+        size,
         description: describe(rp),
-        exclude: Vec::new(),
-        exclude6,
+        exclude: excl,
         imds: None,
     })
 }
 
 /// The error of a static or prefixes pool left without addresses by its exclusions and the
 /// reserved addresses it listed (named, so the mistake is plain).
-fn empty_pool<R: fmt::Display>(field: String, reserved: &[(R, &str)]) -> (String, String) {
+fn empty_pool(reserved: &[(IpRange, &str)]) -> ConfigProblem {
     if reserved.is_empty() {
-        return (
-            field,
-            "the exclusions remove every address; the pool would be empty".into(),
-        );
+        return ConfigProblem::AllExcluded;
     }
     let named: Vec<String> = reserved
         .iter()
         .map(|(r, why)| format!("{r} is {why}"))
         .collect();
-    (
-        field,
-        format!(
-            "no address is left that a pod may hold ({}); the pool would be empty",
-            named.join("; ")
-        ),
-    )
+    ConfigProblem::OnlyReserved {
+        reserved: named.join("; "),
+    }
 }
 
 /// One warning per reserved block a pool listed: those addresses are never handed out.
-fn warn_reserved<R: fmt::Display>(name: &str, reserved: &[(R, &str)], warnings: &mut Vec<String>) {
+fn warn_reserved(name: &str, reserved: &[(IpRange, &str)], warnings: &mut Vec<String>) {
     for (r, why) in reserved {
         warnings.push(format!(
             "pool '{name}': {r} is {why} and is never handed out"
@@ -435,80 +309,71 @@ fn warn_reserved<R: fmt::Display>(name: &str, reserved: &[(R, &str)], warnings: 
 }
 
 /// The family an `azure-imds` pool serves: `family`, IPv4 unless set.
-fn metadata_family(rp: &RawPool) -> Result<Family, String> {
+fn metadata_family(rp: &RawPool) -> Result<Family, ConfigProblem> {
     match rp.family.as_deref().map(str::trim) {
         None | Some("ipv4") => Ok(Family::Ipv4),
         Some("ipv6") => Ok(Family::Ipv6),
-        Some(other) => Err(format!(
-            "unknown family {other:?}; expected \"ipv4\" or \"ipv6\""
-        )),
+        Some(other) => Err(ConfigProblem::UnknownFamily {
+            given: other.to_owned(),
+        }),
     }
 }
 
-/// An `azure-imds` pool of the interfaces' IPv6 secondaries (`ipv6.ipAddress[1..]`).
-fn build_imds6(
+/// An `azure-imds` pool: the interfaces' secondaries of its family (`ipAddress[1..]` of
+/// `ipv4` or `ipv6`), learnt at run time.
+fn build_metadata(
     name: &str,
     rp: &RawPool,
     warnings: &mut Vec<String>,
-) -> Result<PoolSpec, (String, String)> {
+) -> Result<PoolSpec, (String, ConfigProblem)> {
     let at = |field: &str| format!("pool '{name}'.{field}");
-    let mut exclude6: Vec<Range6> = Vec::new();
-    for (j, s) in rp.exclude.iter().enumerate() {
-        let r = parse_any_exclusion(s).map_err(|m| (at(&format!("exclude[{j}]")), m))?;
-        match r {
-            AnyRange::V6(r) => exclude6.push(r),
-            AnyRange::V4(_) => warnings.push(format!(
-                "pool '{name}': exclude[{j}] {s:?} is outside the pool's addresses and has no effect"
-            )),
-        }
-    }
-    exclude6.sort();
-    let imds = build_imds(rp).map_err(|(f, m)| (at(&f), m))?;
+    let family = metadata_family(rp).map_err(|p| (at("family"), p))?;
+    let ipv6 = family == Family::Ipv6;
+    let excl = exclusions(name, rp, |r| r.is_ipv6() == ipv6, warnings)?;
+    let imds = build_imds(rp).map_err(|(f, p)| (at(&f), p))?;
     Ok(PoolSpec {
         name: name.to_owned(),
         source: PoolSource::AzureImds,
-        family: Family::Ipv6,
+        family,
         ranges: Vec::new(),
-        ranges6: Vec::new(),
         size: 0,
-        description: format!("IPv6 metadata from {}", imds.url),
-        exclude: Vec::new(),
-        exclude6,
+        description: format!(
+            "{}metadata from {}",
+            if ipv6 { "IPv6 " } else { "" },
+            imds.url
+        ),
+        exclude: excl,
         imds: Some(imds),
     })
 }
 
-/// Validate an `azure-imds` pool's endpoint and timings; errors are (field, message).
-fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, String)> {
+/// Validate an `azure-imds` pool's endpoint and timings; errors name the key.
+fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, ConfigProblem)> {
     let url = rp
         .url
         .clone()
         .unwrap_or_else(|| DEFAULT_IMDS_URL.to_owned());
-    let authority = check_metadata_url(&url).map_err(|m| ("url".to_owned(), m))?;
+    let authority = check_metadata_url(&url).map_err(|e| ("url".to_owned(), e.into()))?;
     let dur = |field: &str, v: &Option<String>, default: Duration| match v {
         None => Ok(default),
-        Some(s) => parse_duration(s).map_err(|m| (field.to_owned(), m)),
+        Some(s) => parse_duration(s).map_err(|e| (field.to_owned(), e.into())),
     };
     let refresh_min = dur("refresh_min", &rp.refresh_min, Duration::from_secs(4))?;
     let refresh_max = dur("refresh_max", &rp.refresh_max, Duration::from_secs(1024))?;
     let timeout = dur("timeout", &rp.timeout, Duration::from_secs(2))?;
     if refresh_min < Duration::from_millis(100) {
-        return Err((
-            "refresh_min".into(),
-            "must be at least 100ms (IMDS rate-limits)".into(),
-        ));
+        return Err(("refresh_min".into(), ConfigProblem::RefreshTooFast));
     }
     if refresh_max < refresh_min {
         return Err((
             "refresh_max".into(),
-            format!(
-                "must be at least refresh_min ({}ms)",
-                refresh_min.as_millis()
-            ),
+            ConfigProblem::RefreshMaxBelowMin {
+                refresh_min_ms: refresh_min.as_millis(),
+            },
         ));
     }
     if timeout.is_zero() || timeout > Duration::from_secs(60) {
-        return Err(("timeout".into(), "must be between 1ms and 60s".into()));
+        return Err(("timeout".into(), ConfigProblem::Timeout));
     }
     Ok(ImdsSpec {
         url,
@@ -519,12 +384,31 @@ fn build_imds(rp: &RawPool) -> Result<ImdsSpec, (String, String)> {
     })
 }
 
+/// What is wrong with a metadata endpoint's URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("{url:?} must start with http:// (plain HTTP to a loopback or link-local address)")]
+    NotHttp { url: String },
+    #[error("{url:?}: the path contains whitespace")]
+    PathWhitespace { url: String },
+    #[error("{url:?}: bad port {port:?}")]
+    BadPort { url: String, port: String },
+    #[error("{url:?}: the host must be an IPv4 address literal, got {host:?}")]
+    HostNotLiteral { url: String, host: String },
+    #[error(
+        "{url:?}: {ip} is neither loopback (127.0.0.0/8) nor link-local (169.254.0.0/16); \
+         metadata is only fetched from the node itself"
+    )]
+    NotOnTheNode { url: String, ip: Ipv4Addr },
+}
+
 /// `http://HOST[:PORT]/PATH` with HOST an IPv4 loopback or link-local literal (metadata never
 /// leaves the node, and plain HTTP is only acceptable there). Returns `HOST:PORT`.
-pub fn check_metadata_url(url: &str) -> Result<String, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        format!("{url:?} must start with http:// (plain HTTP to a loopback or link-local address)")
-    })?;
+pub fn check_metadata_url(url: &str) -> Result<String, UrlError> {
+    let owned = || url.to_owned();
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| UrlError::NotHttp { url: owned() })?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -533,7 +417,7 @@ pub fn check_metadata_url(url: &str) -> Result<String, String> {
         .bytes()
         .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
     {
-        return Err(format!("{url:?}: the path contains whitespace"));
+        return Err(UrlError::PathWhitespace { url: owned() });
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) => (
@@ -541,18 +425,19 @@ pub fn check_metadata_url(url: &str) -> Result<String, String> {
             p.parse::<u16>()
                 .ok()
                 .filter(|p| *p != 0)
-                .ok_or_else(|| format!("{url:?}: bad port {p:?}"))?,
+                .ok_or_else(|| UrlError::BadPort {
+                    url: owned(),
+                    port: p.to_owned(),
+                })?,
         ),
         None => (authority, 80),
     };
-    let ip: Ipv4Addr = host
-        .parse()
-        .map_err(|_| format!("{url:?}: the host must be an IPv4 address literal, got {host:?}"))?;
+    let ip: Ipv4Addr = host.parse().map_err(|_| UrlError::HostNotLiteral {
+        url: owned(),
+        host: host.to_owned(),
+    })?;
     if !(ip.is_loopback() || ip.is_link_local()) {
-        return Err(format!(
-            "{url:?}: {ip} is neither loopback (127.0.0.0/8) nor link-local (169.254.0.0/16); \
-             metadata is only fetched from the node itself"
-        ));
+        return Err(UrlError::NotOnTheNode { url: owned(), ip });
     }
     Ok(format!("{ip}:{port}"))
 }
@@ -572,37 +457,21 @@ fn describe(rp: &RawPool) -> String {
     }
 }
 
-pub(super) fn check_pool_overlaps(pools: &[PoolSpec]) -> Result<(), String> {
-    let mut all6: Vec<(Range6, usize)> = pools
-        .iter()
-        .enumerate()
-        .flat_map(|(i, p)| p.ranges6.iter().map(move |r| (*r, i)))
-        .collect();
-    all6.sort();
-    for w in all6.windows(2) {
-        if w[1].0.first <= w[0].0.last {
-            return Err(format!(
-                "pools '{}' and '{}' overlap (both contain {}); an address may belong to one pool only",
-                pools[w[0].1].name,
-                pools[w[1].1].name,
-                std::net::Ipv6Addr::from(w[1].0.first)
-            ));
-        }
-    }
-    let mut all: Vec<(AddrRange, usize)> = pools
+/// No address may belong to two pools.
+pub(super) fn check_pool_overlaps(pools: &[PoolSpec]) -> Result<(), ConfigProblem> {
+    let mut all: Vec<(IpRange, usize)> = pools
         .iter()
         .enumerate()
         .flat_map(|(i, p)| p.ranges.iter().map(move |r| (*r, i)))
         .collect();
     all.sort();
     for w in all.windows(2) {
-        if w[1].0.first <= w[0].0.last {
-            return Err(format!(
-                "pools '{}' and '{}' overlap (both contain {}); an address may belong to one pool only",
-                pools[w[0].1].name,
-                pools[w[1].1].name,
-                Ipv4Addr::from(w[1].0.first)
-            ));
+        if w[1].0.overlaps(&w[0].0) {
+            return Err(ConfigProblem::PoolsOverlap {
+                first: pools[w[0].1].name.clone(),
+                second: pools[w[1].1].name.clone(),
+                shared: w[1].0.ip(w[1].0.bounds().0),
+            });
         }
     }
     Ok(())

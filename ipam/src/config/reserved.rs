@@ -3,9 +3,9 @@
 //! routed to it as a unicast host. Static and prefixes pools leave them out with a config
 //! warning; metadata pools refuse them at every read, logging a warning.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
-use super::{addr::Span, AddrRange, Range6};
+use super::addr::IpRange;
 
 const fn v4(a: [u8; 4]) -> u128 {
     u32::from_be_bytes(a) as u128
@@ -78,21 +78,10 @@ const RESERVED6: [(u128, u128, &str); 4] = [
 
 /// Why `ip` can never be a pod's address, or `None` if it can be.
 pub fn reserved(ip: IpAddr) -> Option<&'static str> {
-    match ip {
-        IpAddr::V4(a) => reserved4(a),
-        IpAddr::V6(a) => reserved6(a),
-    }
-}
-
-pub fn reserved4(ip: Ipv4Addr) -> Option<&'static str> {
-    why(&RESERVED4, u128::from(u32::from(ip)))
-}
-
-pub fn reserved6(ip: Ipv6Addr) -> Option<&'static str> {
-    why(&RESERVED6, u128::from(ip))
-}
-
-fn why(table: &[(u128, u128, &'static str)], a: u128) -> Option<&'static str> {
+    let (table, a): (&[_], u128) = match ip {
+        IpAddr::V4(a) => (&RESERVED4, u32::from(a).into()),
+        IpAddr::V6(a) => (&RESERVED6, a.into()),
+    };
     table
         .iter()
         .find(|(f, l, _)| *f <= a && a <= *l)
@@ -100,25 +89,15 @@ fn why(table: &[(u128, u128, &'static str)], a: u128) -> Option<&'static str> {
 }
 
 /// The parts of `ranges` that are reserved, each with why.
-pub(super) fn reserved_in(ranges: &[AddrRange]) -> Vec<(AddrRange, &'static str)> {
-    reserved_parts(ranges, &RESERVED4)
-}
-
-/// [`reserved_in`] for IPv6 ranges.
-pub(super) fn reserved_in6(ranges: &[Range6]) -> Vec<(Range6, &'static str)> {
-    reserved_parts(ranges, &RESERVED6)
-}
-
-fn reserved_parts<S: Span>(
-    ranges: &[S],
-    table: &[(u128, u128, &'static str)],
-) -> Vec<(S, &'static str)> {
+pub(super) fn reserved_in(ranges: &[IpRange]) -> Vec<(IpRange, &'static str)> {
     let mut out = Vec::new();
     for r in ranges {
         let (first, last) = r.bounds();
+        let table: &[_] = if r.is_ipv6() { &RESERVED6 } else { &RESERVED4 };
         for &(f, l, why) in table {
             if first <= l && f <= last {
-                out.push((S::from_bounds(first.max(f), last.min(l)), why));
+                let part = (first.max(f), last.min(l));
+                out.push((r.with_bounds(part.0, part.1), why));
             }
         }
     }
@@ -160,8 +139,8 @@ mod tests {
             "febf::1",
             "ff02::1",
         ] {
-            let a: Ipv6Addr = s.parse().unwrap();
-            assert!(reserved6(a).is_some(), "{s}");
+            let a: std::net::Ipv6Addr = s.parse().unwrap();
+            assert!(reserved(a.into()).is_some(), "{s}");
             assert!(
                 a.is_unspecified()
                     || a.is_loopback()

@@ -181,15 +181,17 @@ fn prefix_and_metadata_pools() {
     assert_eq!(imds.authority, "169.254.169.254:80");
     assert_eq!(imds.refresh_min, Duration::from_secs(4));
     assert_eq!(imds.refresh_max, Duration::from_secs(1024));
-    assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9))));
+    assert!(c.pools[1].is_excluded(u32::from(Ipv4Addr::new(10, 1, 0, 9)).into()));
     let six = parse(
         "[[pool]]\nname=\"nic6\"\nsource=\"azure-imds\"\nfamily=\"ipv6\"\n\
          exclude=[\"fd00:8::99\", \"10.1.0.9\"]\n",
     )
     .unwrap();
     assert_eq!(six.pools[0].family, aliasnet_ipam_proto::Family::Ipv6);
-    assert!(six.pools[0].is_excluded6(u128::from("fd00:8::99".parse::<Ipv6Addr>().unwrap())));
-    assert!(six.pools[0].exclude.is_empty() && six.pools[0].imds.is_some());
+    assert!(six.pools[0].is_excluded(u128::from("fd00:8::99".parse::<Ipv6Addr>().unwrap())));
+    // Only the exclusion of the pool's family is kept (the other is warned about).
+    assert_eq!(six.pools[0].exclude.len(), 1);
+    assert!(six.pools[0].imds.is_some());
     assert_eq!(six.warnings.len(), 1, "{:?}", six.warnings);
     let d = parse("[[pool]]\nname=\"p\"\nsource=\"static\"\nips=[\"10.0.0.1\"]\n").unwrap();
     assert_eq!(d.metrics_address, Some("127.0.0.1:9545".parse().unwrap()));
@@ -282,7 +284,7 @@ fn a_slash_14_fits() {
 #[test]
 fn cidr_messages_name_the_mistake() {
     use super::addr::parse_cidr;
-    let e = |s: &str| parse_cidr(s).unwrap_err();
+    let e = |s: &str| parse_cidr(s).unwrap_err().to_string();
     assert_eq!(
         e("banana"),
         "\"banana\" is not a CIDR (expected a.b.c.d/len)"
@@ -307,10 +309,28 @@ fn cidr_messages_name_the_mistake() {
         e("10.0.0.5/0"),
         "\"10.0.0.5/0\" has host bits set (did you mean 0.0.0.0/0?)"
     );
-    let whole = |s: &str| AddrRange::from(parse_cidr(s).unwrap()).to_string();
+    // The same mistakes in IPv6.
+    assert_eq!(
+        e("fd00::"),
+        "\"fd00::\" is not a CIDR (expected an IPv6 prefix such as fd00::/112)"
+    );
+    assert_eq!(
+        e("fd00:::/64"),
+        "\"fd00:::/64\": \"fd00:::\" is not an IPv6 address"
+    );
+    assert_eq!(
+        e("fd00::/129"),
+        "\"fd00::/129\": prefix length must be 0..=128"
+    );
+    assert_eq!(
+        e("fd00::5/120"),
+        "\"fd00::5/120\" has host bits set (did you mean fd00::/120?)"
+    );
+    let whole = |s: &str| parse_cidr(s).unwrap().to_string();
     assert_eq!(whole(" 10.0.0.0 / 30 "), "10.0.0.0-10.0.0.3");
     assert_eq!(whole("10.0.0.7/32"), "10.0.0.7");
     assert_eq!(whole("0.0.0.0/0"), "0.0.0.0-255.255.255.255");
+    assert_eq!(whole("fd00::/126"), "fd00::-fd00::3");
 }
 
 #[test]
@@ -326,7 +346,7 @@ fn ipv6_cidrs_skip_the_subnet_router_anycast_address_and_prefixes_do_not() {
          ranges=[\"fd00:250::-fd00:250::3\"]\nips=[\"fd00:260::\"]",
     );
     assert_eq!(p.size, 65_535 + 3 + 4 + 1);
-    let first: Vec<u128> = p.ranges6.iter().map(|r| r.first).collect();
+    let first: Vec<u128> = p.ranges.iter().map(|r| r.bounds().0).collect();
     assert_eq!(
         first,
         [
@@ -345,8 +365,8 @@ fn ipv6_cidrs_skip_the_subnet_router_anycast_address_and_prefixes_do_not() {
     // A delegated prefix is routed to the node whole: every address is usable.
     let d = one("source=\"prefixes\"\nprefixes=[\"2001:db8:1:2:3::/80\", \"fd00:9::/112\"]");
     assert_eq!(d.size, (1 << 48) + 65_536);
-    assert_eq!(d.ranges6[0].first, v6("2001:db8:1:2:3::"));
-    assert_eq!(d.ranges6[1].first, v6("fd00:9::"));
+    assert_eq!(d.ranges[0].bounds().0, v6("2001:db8:1:2:3::"));
+    assert_eq!(d.ranges[1].bounds().0, v6("fd00:9::"));
     // An exclusion of the anycast address as well is harmless.
     let e = one(
         "source=\"static\"\ncidrs=[\"fd00:240::/120\"]\nexclude=[\"fd00:240::\", \"fd00:240::ff\"]",
@@ -394,10 +414,7 @@ fn reserved_addresses_are_left_out_of_static_and_prefix_pools_with_a_warning() {
     );
     let inside = |a: &str| {
         let a = u32::from(a.parse::<Ipv4Addr>().unwrap());
-        c.pools[0]
-            .ranges
-            .iter()
-            .any(|r| r.first <= a && a <= r.last)
+        c.pools[0].ranges.iter().any(|r| r.contains(a.into()))
     };
     assert!(inside("10.0.0.3") && !inside("169.254.1.1") && !inside("224.0.0.1"));
     // Delegated blocks likewise.
@@ -425,4 +442,40 @@ fn reserved_addresses_are_left_out_of_static_and_prefix_pools_with_a_warning() {
         65_536,
         &["fe80::-fe80::ffff"],
     );
+}
+
+#[test]
+fn ipv6_pools_are_accepted_and_mixing_is_refused() {
+    let c = parse(
+        "[[pool]]\nname=\"p6\"\nsource=\"static\"\ncidrs=[\"fd00:240::/112\"]\n\
+         ranges=[\"fd00:241::10-fd00:241::1f\"]\nips=[\"fd00:242::1\"]\n\
+         exclude=[\"fd00:240::/120\", \"fd00:241::10\", \"10.0.0.1\"]\n\
+         [[pool]]\nname=\"aws\"\nsource=\"prefixes\"\nprefixes=[\"2001:db8:1:2:3::/80\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.pools[0].family, aliasnet_ipam_proto::Family::Ipv6);
+    assert_eq!(c.pools[0].size, 65536 - 256 + 16 - 1 + 1);
+    assert_eq!(c.pools[1].size, 1 << 48);
+    assert!(
+        c.warnings.iter().any(|w| w.contains("exclude[2]")),
+        "{:?}",
+        c.warnings
+    );
+    let e = err(
+        "[[pool]]\nname=\"mixed\"\nsource=\"static\"\ncidrs=[\"10.0.0.0/30\", \"fd00::/126\"]\n",
+    );
+    assert!(
+        e.contains("pool 'mixed'") && e.contains("mixes IPv4"),
+        "{e}"
+    );
+    let e = err("[[pool]]\nname=\"low\"\nsource=\"static\"\ncidrs=[\"::/64\"]\n");
+    assert!(e.contains("::/96"), "{e}");
+    let e = err(
+        "[[pool]]\nname=\"a\"\nsource=\"static\"\ncidrs=[\"fd00::/120\"]\n\
+         [[pool]]\nname=\"b\"\nsource=\"static\"\nips=[\"fd00::7\"]\n",
+    );
+    assert!(e.contains("overlap"), "{e}");
+    // A /64 is accepted: it is never enumerated.
+    let c = parse("[[pool]]\nname=\"big\"\nsource=\"static\"\ncidrs=[\"fd00:1::/64\"]\n").unwrap();
+    assert_eq!(c.pools[0].size, u64::MAX);
 }

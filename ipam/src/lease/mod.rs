@@ -173,60 +173,81 @@ impl LeaseEntry {
     }
 }
 
+/// What is wrong with a field of a request or a record; `field` names it (`key.network`,
+/// `pod.uid`, `host_veth`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FieldError {
+    #[error("{field} must not be empty")]
+    Empty { field: String },
+    #[error("{field} is {len} bytes long; at most {MAX_FIELD} are accepted")]
+    TooLong { field: String, len: usize },
+    #[error("{field} contains a NUL character")]
+    Nul { field: String },
+    #[error("{field} {name:?} is not a valid interface name (1 to {MAX_IFNAME} bytes)")]
+    IfnameLength { field: String, name: String },
+    #[error("{field} {name:?} is not a valid interface name (no '/', ':' or whitespace)")]
+    IfnameCharacters { field: String, name: String },
+}
+
 /// Check a request's key; the error names the bad field.
-pub fn validate_key(key: &AttachmentKey) -> Result<(), String> {
+pub fn validate_key(key: &AttachmentKey) -> Result<(), FieldError> {
     for (name, v) in [
         ("network", &key.network),
         ("container_id", &key.container_id),
         ("ifname", &key.ifname),
     ] {
         if v.is_empty() {
-            return Err(format!("key.{name} must not be empty"));
+            return Err(FieldError::Empty {
+                field: format!("key.{name}"),
+            });
         }
-        check_text(&format!("key.{name}"), v)?;
+        check_text(|| format!("key.{name}"), v)?;
     }
     Ok(())
 }
 
-pub fn validate_pod(pod: &PodRef) -> Result<(), String> {
+pub fn validate_pod(pod: &PodRef) -> Result<(), FieldError> {
     for (name, v) in [
         ("namespace", &pod.namespace),
         ("name", &pod.name),
         ("uid", &pod.uid),
     ] {
         if let Some(v) = v {
-            check_text(&format!("pod.{name}"), v)?;
+            check_text(|| format!("pod.{name}"), v)?;
         }
     }
     Ok(())
 }
 
-fn check_text(field: &str, v: &str) -> Result<(), String> {
+/// `field` is only formatted for an error.
+fn check_text(field: impl Fn() -> String, v: &str) -> Result<(), FieldError> {
     if v.len() > MAX_FIELD {
-        return Err(format!(
-            "{field} is {} bytes long; at most {MAX_FIELD} are accepted",
-            v.len()
-        ));
+        return Err(FieldError::TooLong {
+            field: field(),
+            len: v.len(),
+        });
     }
     if v.contains('\0') {
-        return Err(format!("{field} contains a NUL character"));
+        return Err(FieldError::Nul { field: field() });
     }
     Ok(())
 }
 
 /// A valid Linux interface name (what the kernel's `dev_valid_name` accepts).
-pub fn validate_ifname(field: &str, v: &str) -> Result<(), String> {
+pub fn validate_ifname(field: &str, v: &str) -> Result<(), FieldError> {
     if v.is_empty() || v.len() > MAX_IFNAME || v == "." || v == ".." {
-        return Err(format!(
-            "{field} {v:?} is not a valid interface name (1 to {MAX_IFNAME} bytes)"
-        ));
+        return Err(FieldError::IfnameLength {
+            field: field.to_owned(),
+            name: v.to_owned(),
+        });
     }
     if v.bytes()
         .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace())
     {
-        return Err(format!(
-            "{field} {v:?} is not a valid interface name (no '/', ':' or whitespace)"
-        ));
+        return Err(FieldError::IfnameCharacters {
+            field: field.to_owned(),
+            name: v.to_owned(),
+        });
     }
     Ok(())
 }

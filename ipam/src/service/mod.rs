@@ -19,6 +19,7 @@ mod writer;
 
 use links::teardown_loop;
 use writer::writer_loop;
+pub use writer::CommitError;
 
 use std::{
     collections::HashSet,
@@ -38,7 +39,7 @@ use crate::{
     clock::Clock,
     lease::{addr_ip, ip_addr, Addr, V6_START},
     metrics::Metrics,
-    state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State},
+    state::{AllocRequest, AllocStep, Refusal, ReleaseStep, State, WaitReason},
     store::{record::Record, Store},
     teardown::LinkRemover,
 };
@@ -62,7 +63,7 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-type Ack = oneshot::Sender<Result<(), String>>;
+type Ack = oneshot::Sender<Result<(), CommitError>>;
 
 enum WriterMsg {
     Commit { records: Vec<Record>, ack: Ack },
@@ -220,7 +221,7 @@ impl Ipam {
     }
 
     /// Make `records` durable; on success they are committed in memory before this returns.
-    async fn commit(&self, records: Vec<Record>) -> Result<(), String> {
+    async fn commit(&self, records: Vec<Record>) -> Result<(), CommitError> {
         let (tx, rx) = oneshot::channel();
         if let Err(mpsc::error::SendError(WriterMsg::Commit { records, .. })) = self
             .shared
@@ -233,17 +234,16 @@ impl Ipam {
             }
             drop(st);
             self.shared.changed.notify_waiters();
-            return Err("the store writer has stopped (daemon shutting down)".into());
+            return Err(CommitError::WriterStopped);
         }
-        rx.await
-            .unwrap_or_else(|_| Err("the store writer stopped before acknowledging".into()))
+        rx.await.unwrap_or(Err(CommitError::NotAcknowledged))
     }
 
     /// Run `step` until it stops asking to wait (`Ok(Err(reason))`), waiting for a state
     /// change in between, for at most [`WAIT_LIMIT`].
     async fn wait_until<T>(
         &self,
-        mut step: impl FnMut(&mut State) -> Result<Result<T, String>, Refusal>,
+        mut step: impl FnMut(&mut State) -> Result<Result<T, WaitReason>, Refusal>,
     ) -> Result<T, Refusal> {
         // Nearly every request goes through at once: no waiter registration for those.
         match step(&mut self.shared.lock()) {
@@ -445,7 +445,7 @@ impl Ipam {
                 Duration::from_micros(duration_us),
             ) {
                 Ok(()) => Response::Recorded.into(),
-                Err(m) => error(ErrorKind::BadRequest, m),
+                Err(e) => error(ErrorKind::BadRequest, e.to_string()),
             },
         }
     }
@@ -537,7 +537,11 @@ impl Ipam {
 
     /// Release the lease at `addr` if it is still the one allocated at `allocated_at_ms`
     /// (reconcile: its host veth stayed gone). Returns whether it was released.
-    pub async fn release_stale(&self, addr: Addr, allocated_at_ms: u64) -> Result<bool, String> {
+    pub async fn release_stale(
+        &self,
+        addr: Addr,
+        allocated_at_ms: u64,
+    ) -> Result<bool, CommitError> {
         let step = self
             .shared
             .lock()
@@ -592,7 +596,7 @@ fn allocated(mut leases: Vec<Lease>) -> Option<Response> {
     })
 }
 
-fn storage_error(what: &str, key: &AttachmentKey, e: &str) -> Handled {
+fn storage_error(what: &str, key: &AttachmentKey, e: &CommitError) -> Handled {
     error(
         ErrorKind::Storage,
         format!("the {what} for {key} could not be made durable and was not done: {e}"),

@@ -33,7 +33,7 @@ impl Ipam {
             };
             if let Some(v) = &entry.host_veth {
                 if let Err(m) = crate::lease::validate_ifname("host_veth", v) {
-                    move_aside(&s.path, &m);
+                    move_aside(&s.path, &m.to_string());
                     continue;
                 }
             }

@@ -14,6 +14,19 @@ use crate::{
 
 use super::*;
 
+/// Why a change was not made durable; it was rolled back in memory, and every request of the
+/// batch gets the same error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommitError {
+    /// The store's error with its causes (a full disk, an I/O error).
+    #[error("{}", crate::error_chain(.0.as_ref()))]
+    Write(Arc<store::StoreError>),
+    #[error("the store writer has stopped (daemon shutting down)")]
+    WriterStopped,
+    #[error("the store writer stopped before acknowledging")]
+    NotAcknowledged,
+}
+
 /// First wait after a failed compaction (a new log or a snapshot that could not be written);
 /// it doubles with every further failure up to [`COMPACT_BACKOFF_MAX`]. The usual cause is a
 /// full disk, which retrying after every batch would only fill further.
@@ -111,9 +124,9 @@ fn write_batch(
         let _ = shared.teardown.send(l);
     }
     let res = res.map_err(|e| {
-        let msg = crate::error_chain(&e);
-        tracing::error!(error = %msg, records = batch.iter().map(|b| b.0.len()).sum::<usize>(), "durable write failed; the batch was rolled back");
-        msg
+        let e = CommitError::Write(Arc::new(e));
+        tracing::error!(error = %e, records = batch.iter().map(|b| b.0.len()).sum::<usize>(), "durable write failed; the batch was rolled back");
+        e
     });
     for (_, ack) in batch {
         let _ = ack.send(res.clone());

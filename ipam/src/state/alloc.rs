@@ -13,7 +13,7 @@ use crate::{
     store::record::{AllocRec, Record},
 };
 
-use super::{pool::Slot, AllocRequest, AllocStep, Refusal, State};
+use super::{AllocRequest, AllocStep, Refusal, State, WaitReason};
 
 /// A family list must be non-empty and name each family once.
 fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
@@ -21,7 +21,7 @@ fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
         return Ok(());
     };
     if list.is_empty() {
-        return Err(Refusal::bad("families must not be empty".into()));
+        return Err(Refusal::bad("families must not be empty"));
     }
     for (i, f) in list.iter().enumerate() {
         if list[..i].contains(f) {
@@ -31,13 +31,13 @@ fn check_families(families: Option<&[Family]>) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Where one reserved address came from, to undo it if another family fails.
+/// An address reserved for one family, to undo it if another family fails.
 #[derive(Debug, Clone, Copy)]
-enum Taken {
-    /// IPv4 pool, slot; `Some(release time)` when it was a cooling address reused early.
-    V4(usize, u32, Option<u64>),
-    /// IPv6 pool, address, likewise.
-    V6(usize, u128, Option<u64>),
+struct Taken {
+    pool: usize,
+    addr: Addr,
+    /// The release time of a cooling address reused early (`reuse-oldest`).
+    reused: Option<u64>,
 }
 
 impl State {
@@ -48,22 +48,19 @@ impl State {
         family: Family,
     ) -> Result<Vec<usize>, Refusal> {
         if let Some(name) = pool {
-            if let Some(p) = self.pools.iter().position(|p| p.spec.name == name) {
-                if family == Family::Ipv4 {
-                    return Ok(vec![p]);
-                }
-            } else if let Some(q) = self.pools6.iter().position(|p| p.spec.name == name) {
-                if family == Family::Ipv6 {
-                    return Ok(vec![q]);
-                }
-            } else {
+            let Some(p) = self.pools.iter().position(|p| p.spec.name == name) else {
                 return Err(self.unknown_pool(name));
+            };
+            if self.pools[p].spec.family == family {
+                return Ok(vec![p]);
             }
         }
-        Ok(match family {
-            Family::Ipv4 => (0..self.pools.len()).collect(),
-            Family::Ipv6 => (0..self.pools6.len()).collect(),
-        })
+        Ok(self.of_family(family).collect())
+    }
+
+    /// Indices of the pools of `family`.
+    fn of_family(&self, family: Family) -> impl Iterator<Item = usize> + '_ {
+        (0..self.pools.len()).filter(move |p| self.pools[*p].spec.family == family)
     }
 
     fn unknown_pool(&self, name: &str) -> Refusal {
@@ -73,38 +70,37 @@ impl State {
                 "no pool named '{name}'; configured pools: {}",
                 self.pools
                     .iter()
-                    .map(|p| &p.spec)
-                    .chain(self.pools6.iter().map(|p| &p.spec))
-                    .map(|s| format!("'{}'", s.name))
+                    .map(|p| format!("'{}'", p.spec.name))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
         )
     }
 
-    /// IPv4 pools a Status may count (`pool` restricts to that pool).
-    pub(super) fn eligible(&self, pool: Option<&str>) -> Result<Vec<usize>, Refusal> {
+    /// Pools of `family` a Status may count (`pool` restricts to that pool; a pool of the
+    /// other family leaves none).
+    pub(super) fn eligible(
+        &self,
+        pool: Option<&str>,
+        family: Family,
+    ) -> Result<Vec<usize>, Refusal> {
         match pool {
-            Some(name) if self.pools6.iter().any(|p| p.spec.name == name) => Ok(Vec::new()),
-            _ => self.eligible_in(pool, Family::Ipv4),
-        }
-    }
-
-    /// IPv6 pools a Status may count.
-    pub(super) fn eligible6(&self, pool: Option<&str>) -> Result<Vec<usize>, Refusal> {
-        match pool {
-            Some(name) if self.pools.iter().any(|p| p.spec.name == name) => Ok(Vec::new()),
-            _ => self.eligible_in(pool, Family::Ipv6),
+            Some(name)
+                if self
+                    .pools
+                    .iter()
+                    .any(|p| p.spec.name == name && p.spec.family != family) =>
+            {
+                Ok(Vec::new())
+            }
+            _ => self.eligible_in(pool, family),
         }
     }
 
     /// The families an Allocate wants: the listed ones, or every family a pool serves.
     pub(super) fn wanted(&self, families: Option<&[Family]>) -> Result<Vec<Family>, Refusal> {
         check_families(families)?;
-        let served = |f: Family| match f {
-            Family::Ipv4 => !self.pools.is_empty(),
-            Family::Ipv6 => !self.pools6.is_empty(),
-        };
+        let served = |f: Family| self.of_family(f).next().is_some();
         match families {
             None => Ok(Family::ALL.into_iter().filter(|f| served(*f)).collect()),
             Some(list) => {
@@ -171,10 +167,9 @@ impl State {
                 .iter()
                 .any(|id| self.leases.get(*id).state != LeaseState::Committed)
             {
-                return Ok(AllocStep::Wait(format!(
-                    "a change to {} is in flight",
-                    req.key
-                )));
+                return Ok(AllocStep::Wait(WaitReason::InFlight {
+                    key: req.key.clone(),
+                }));
             }
             // An idempotent repeat: the leases the key holds (of the families asked for,
             // when they are listed).
@@ -204,9 +199,9 @@ impl State {
         }
         if let Some(v) = req.host_veth {
             if self.teardowns.contains_key(v) {
-                return Ok(AllocStep::Wait(format!(
-                    "host veth {v} of a previous attachment is still being deleted"
-                )));
+                return Ok(AllocStep::Wait(WaitReason::VethBeingDeleted {
+                    veth: v.to_owned(),
+                }));
             }
         }
         self.expire(now_ms);
@@ -214,11 +209,7 @@ impl State {
         // Reserve one address per family; a failure puts back what was taken.
         let mut taken: Vec<Taken> = Vec::with_capacity(wanted.len());
         for (f, el) in wanted.iter().zip(&eligible) {
-            let got = match f {
-                Family::Ipv4 => self.take4(el, now_ms),
-                Family::Ipv6 => self.take6(el, now_ms),
-            };
-            let failed = match got {
+            let failed = match self.take(el, now_ms) {
                 Ok(Ok(t)) => {
                     taken.push(t);
                     continue;
@@ -240,11 +231,8 @@ impl State {
         let (data, key_len) = encode_data(req.key, req.pod, req.host_veth);
         let mut leases = Vec::with_capacity(taken.len());
         let mut records = Vec::with_capacity(taken.len());
-        for t in taken {
-            let (addr, pool_name) = match t {
-                Taken::V4(p, idx, _) => (Addr::from(self.pools[p].addr_of(idx)), p as u16),
-                Taken::V6(q, a, _) => (a, self.name6(q)),
-            };
+        for Taken { pool, addr, .. } in taken {
+            let pool_name = pool as u16;
             let entry = LeaseEntry {
                 data: data.clone(),
                 allocated_at_ms: now_ms,
@@ -270,125 +258,78 @@ impl State {
         Ok(AllocStep::Fresh { leases, records })
     }
 
-    /// Reserve an IPv4 address in one of `eligible`; `Ok(Err(why))`: wait and retry.
-    fn take4(&mut self, eligible: &[usize], now_ms: u64) -> Result<Result<Taken, String>, Refusal> {
-        let mut chosen = None;
+    /// Reserve an address in one of `eligible` (pools of one family); `Ok(Err(why))`: wait
+    /// and retry.
+    fn take(
+        &mut self,
+        eligible: &[usize],
+        now_ms: u64,
+    ) -> Result<Result<Taken, WaitReason>, Refusal> {
         for &p in eligible {
-            if let Some(idx) = self.pools[p].free.take_next() {
-                chosen = Some((p, idx as u32, None));
-                break;
+            if let Some(addr) = self.pools[p].free.take_next() {
+                self.pools[p].leased += 1;
+                return Ok(Ok(Taken {
+                    pool: p,
+                    addr,
+                    reused: None,
+                }));
             }
         }
-        if chosen.is_none() {
-            if eligible.iter().any(|&p| self.pools[p].held > 0) {
-                // These become free as soon as their old veth is gone: milliseconds.
-                return Ok(Err(
-                    "the only reusable addresses wait for their old host veth to be deleted".into(),
-                ));
-            }
-            if self.policy == OnOnlyCooling::ReuseOldest {
-                chosen = self.take_oldest_cooling(eligible);
-            }
-        }
-        let Some((p, idx, reused)) = chosen else {
-            return Err(self.exhausted(eligible, now_ms));
-        };
-        let pool = &mut self.pools[p];
-        pool.slots[idx as usize] = Slot::Leased;
-        pool.leased += 1;
-        Ok(Ok(Taken::V4(p, idx, reused)))
-    }
-
-    /// Reserve an IPv6 address in one of `eligible`, as [`State::take4`].
-    fn take6(&mut self, eligible: &[usize], now_ms: u64) -> Result<Result<Taken, String>, Refusal> {
-        for &q in eligible {
-            if let Some(a) = self.pools6[q].take_next() {
-                self.pools6[q].leased += 1;
-                return Ok(Ok(Taken::V6(q, a, None)));
-            }
-        }
-        if eligible.iter().any(|&q| !self.pools6[q].held.is_empty()) {
-            return Ok(Err(
-                "the only reusable addresses wait for their old host veth to be deleted".into(),
-            ));
+        if eligible.iter().any(|&p| !self.pools[p].held.is_empty()) {
+            // These become free as soon as their old veth is gone: milliseconds.
+            return Ok(Err(WaitReason::OnlyHeldAddresses));
         }
         if self.policy == OnOnlyCooling::ReuseOldest {
-            let mut best: Option<(u64, usize, usize)> = None;
-            for &q in eligible {
-                let pool = &self.pools6[q];
-                if let Some((pos, &(_, at))) = pool
-                    .cooling
-                    .iter()
-                    .enumerate()
-                    .find(|(_, (a, _))| pool.is_present(*a) && !self.holds.contains_key(a))
-                {
-                    if best.is_none_or(|(t, _, _)| at < t) {
-                        best = Some((at, q, pos));
-                    }
-                }
-            }
-            if let Some((_, q, pos)) = best {
-                let (a, at) = self.pools6[q].cooling.remove(pos).expect("found above");
-                self.pools6[q].leased += 1;
-                self.reused.insert(a, at);
-                return Ok(Ok(Taken::V6(q, a, Some(at))));
+            if let Some(t) = self.take_oldest_cooling(eligible) {
+                return Ok(Ok(t));
             }
         }
-        Err(self.exhausted6(eligible, now_ms))
+        Err(self.exhausted(eligible, now_ms))
     }
 
-    /// Put back an address reserved by [`State::take4`] or [`State::take6`].
+    /// Put back an address reserved by [`State::take`].
     fn untake(&mut self, t: Taken) {
-        match t {
-            Taken::V4(p, idx, reused) => {
-                let addr = Addr::from(self.pools[p].addr_of(idx));
-                let pool = &mut self.pools[p];
-                pool.leased -= 1;
-                match reused {
-                    Some(at) => {
-                        self.reused.remove(&addr);
-                        pool.slots[idx as usize] = Slot::Cooling;
-                        pool.push_cooling(idx, at);
-                    }
-                    None => pool.make_free(idx),
-                }
+        let pool = &mut self.pools[t.pool];
+        pool.leased -= 1;
+        match t.reused {
+            Some(at) => {
+                self.reused.remove(&t.addr);
+                pool.push_cooling(t.addr, at);
             }
-            Taken::V6(q, a, reused) => {
-                let pool = &mut self.pools6[q];
-                pool.leased -= 1;
-                match reused {
-                    Some(at) => {
-                        self.reused.remove(&a);
-                        pool.push_cooling(a, at);
-                    }
-                    None => pool.make_free(a),
-                }
-            }
+            None => pool.make_free(t.addr),
         }
     }
 
     /// `reuse-oldest`: the cooling address released longest ago among `eligible` (not held,
     /// still present).
-    fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<(usize, u32, Option<u64>)> {
+    fn take_oldest_cooling(&mut self, eligible: &[usize]) -> Option<Taken> {
         let mut best: Option<(u64, usize, usize)> = None;
         for &p in eligible {
             let pool = &self.pools[p];
             // Held links are deleted within milliseconds, so a held entry is rarely far in.
-            if let Some((pos, &(_, at))) = pool.cooling.iter().enumerate().find(|(_, (idx, _))| {
-                pool.is_present(*idx) && !self.holds.contains_key(&Addr::from(pool.addr_of(*idx)))
-            }) {
+            if let Some((pos, &(_, at))) = pool
+                .cooling
+                .iter()
+                .enumerate()
+                .find(|(_, (a, _))| pool.is_present(*a) && !self.holds.contains_key(a))
+            {
                 if best.is_none_or(|(t, _, _)| at < t) {
                     best = Some((at, p, pos));
                 }
             }
         }
         let (_, p, pos) = best?;
-        let (idx, at) = self.pools[p].cooling.remove(pos)?;
-        self.reused
-            .insert(Addr::from(self.pools[p].addr_of(idx)), at);
-        Some((p, idx, Some(at)))
+        let (addr, at) = self.pools[p].cooling.remove(pos)?;
+        self.pools[p].leased += 1;
+        self.reused.insert(addr, at);
+        Some(Taken {
+            pool: p,
+            addr,
+            reused: Some(at),
+        })
     }
 
+    /// The refusal when none of `eligible` (pools of one family) has a free address.
     pub(super) fn exhausted(&self, eligible: &[usize], now_ms: u64) -> Refusal {
         let cooling: usize = eligible
             .iter()
@@ -405,37 +346,6 @@ impl State {
         if unsynced {
             msg.push_str(". Retry once the metadata has been read");
             // A pool still waiting for its first read may have addresses any moment.
-            Refusal::new(ErrorKind::Unavailable, msg)
-        } else if cooling > 0 {
-            let _ = write!(
-                msg,
-                ". The {cooling} cooling addresses were released less than {}s ago and are kept \
-                 unused so no stale connection reaches a new pod (on_only_cooling = \"fail\"); \
-                 set on_only_cooling = \"reuse-oldest\" to reuse them early, or add addresses",
-                self.cooldown.as_secs()
-            );
-            Refusal::new(ErrorKind::OnlyCooling, msg)
-        } else {
-            msg.push_str(". Release unused attachments (GC) or add addresses to the pool");
-            Refusal::new(ErrorKind::PoolExhausted, msg)
-        }
-    }
-
-    pub(super) fn exhausted6(&self, eligible: &[usize], now_ms: u64) -> Refusal {
-        let cooling: usize = eligible
-            .iter()
-            .map(|&q| self.pools6[q].cooling_count())
-            .sum();
-        let unsynced = eligible
-            .iter()
-            .any(|&q| self.pools6[q].dynamic() && !self.pools6[q].synced);
-        let mut msg = eligible
-            .iter()
-            .map(|&q| self.pools6[q].usage(self.cooldown, now_ms))
-            .collect::<Vec<_>>()
-            .join("; ");
-        if unsynced {
-            msg.push_str(". Retry once the metadata has been read");
             Refusal::new(ErrorKind::Unavailable, msg)
         } else if cooling > 0 {
             let _ = write!(

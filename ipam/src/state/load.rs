@@ -4,14 +4,13 @@ use std::collections::HashSet;
 
 use aliasnet_ipam_proto::{is_host_veth_name, Lease, RECOVERED_NETWORK};
 
-use crate::{config::Config, lease::Addr, store::Loaded};
-
-use super::{
-    ms,
-    pool::{locate_span, Pool, Slot},
-    pool6::Pool6,
-    State,
+use crate::{
+    config::{Config, MAX_METADATA_ADDRESSES},
+    lease::{addr_family, Addr},
+    store::Loaded,
 };
+
+use super::{ms, State};
 
 /// What loading found, for the start-up log.
 #[derive(Debug, Default)]
@@ -61,57 +60,27 @@ impl State {
                 ids.sort_by_key(|i| st.leases.get(*i).addr);
                 report.recovered += 1;
             }
-            if let Some(q) = st.locate6(addr) {
-                let name = st.name6(q);
-                st.leases.get_mut(id).pool_name = name;
-                let pool = &mut st.pools6[q];
-                pool.take(addr);
-                pool.start_after(addr);
-                pool.leased += 1;
-                continue;
-            }
-            let v4 = u32::try_from(addr).ok();
-            let meta6 = usize::from(recorded)
-                .checked_sub(st.pools.len())
-                .filter(|q| v4.is_none() && st.pools6.get(*q).is_some_and(Pool6::dynamic));
-            if let Some(q) = meta6 {
-                // An IPv6 metadata pool's lease: known from now on, absent until listed.
-                let name = st.name6(q);
-                st.leases.get_mut(id).pool_name = name;
-                let pool = &mut st.pools6[q];
-                if let Some(k) = pool.known.as_mut() {
-                    k.insert(addr, false);
-                }
-                pool.leased += 1;
-                pool.missing += 1;
-                continue;
-            }
-            let placed = match v4.and_then(|a| locate_span(&st.spans, a)) {
-                Some(found) => Some(found),
-                None => {
-                    // A metadata pool's lease: its slot exists from now on, absent until the
-                    // pool's first read lists the address.
-                    let p = usize::from(recorded);
-                    match v4 {
-                        Some(a) if st.pools.get(p).is_some_and(Pool::dynamic) => st.dyn_slot(p, a),
-                        _ => None,
-                    }
-                }
-            };
-            let e = st.leases.get_mut(id);
+            let placed = st.locate(addr).or_else(|| {
+                // A metadata pool's lease: known from now on, absent until the pool's first
+                // read lists the address.
+                let p = usize::from(recorded);
+                let pool = st.pools.get_mut(p)?;
+                (pool.spec.family == addr_family(addr) && pool.learn(addr, MAX_METADATA_ADDRESSES))
+                    .then_some(p)
+            });
             match placed {
-                Some((p, idx)) => {
-                    e.pool_name = p as u16;
+                Some(p) => {
+                    st.leases.get_mut(id).pool_name = p as u16;
                     let pool = &mut st.pools[p];
-                    pool.free.take(idx as usize);
-                    pool.slots[idx as usize] = Slot::Leased;
+                    pool.free.take(addr);
+                    pool.free.start_after(addr);
                     pool.leased += 1;
-                    if !pool.is_present(idx) {
+                    if !pool.is_present(addr) {
                         pool.missing += 1;
                     }
                 }
                 None => {
-                    e.pool_name = recorded;
+                    st.leases.get_mut(id).pool_name = recorded;
                     st.orphans += 1;
                     orphan_ids.push(id);
                 }
@@ -154,28 +123,12 @@ impl State {
                 .filter(|l| !live_veths.contains(&**l) && is_host_veth_name(l, &st.veth_prefix));
             // A clock that went backwards must not stretch the cooldown without bound.
             let at = at.min(now_ms);
-            if let Some(q) = st.locate6(addr) {
-                let pool = &mut st.pools6[q];
-                if pool.take(addr) {
-                    pool.start_after(addr);
-                    pool.push_cooling(addr, at);
-                    report.cooling += 1;
-                    if let Some(l) = &link {
-                        holds.push((addr, l.clone()));
-                    }
-                }
-                if let Some(l) = link {
-                    st.teardowns.entry(l).or_default();
-                }
-                continue;
-            }
             match st.locate(addr) {
-                Some((p, idx)) => {
+                Some(p) => {
                     let pool = &mut st.pools[p];
-                    if pool.slots[idx as usize] == Slot::Free {
-                        pool.free.take(idx as usize);
-                        pool.slots[idx as usize] = Slot::Cooling;
-                        pool.cooling.push_back((idx, at));
+                    if pool.free.take(addr) {
+                        pool.free.start_after(addr);
+                        pool.push_cooling(addr, at);
                         report.cooling += 1;
                         if let Some(l) = &link {
                             holds.push((addr, l.clone()));

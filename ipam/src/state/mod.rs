@@ -6,33 +6,30 @@
 //! not see it), its record goes to the writer, and the writer then calls [`State::commit`] or
 //! [`State::abort`].
 //!
-//! Address life cycle per slot:
+//! Address life cycle, the same in every pool of either family:
 //! `Free -> Leased -> Cooling (FIFO, for the cooldown) -> Free`, with a detour through `Held`
-//! when the cooldown ends while the old host veth is still being deleted (its /32 route still
-//! points at the old veth until then).
-//!
-//! IPv6 pools ([`pool6`]) keep their free addresses as intervals instead of slots, so a
-//! delegated /64 is never enumerated; their addresses go through the same life cycle.
+//! when the cooldown ends while the old host veth is still being deleted (its /32 or /128
+//! route still points at the old veth until then). How a pool keeps its free addresses
+//! depends on its size ([`free`]: a bitmap for a static IPv4 pool, intervals for a delegated
+//! IPv6 prefix that is never enumerated).
 //!
 //! Metadata pools (`azure-imds`) learn their addresses at run time ([`State::apply_metadata`]).
-//! Each address gets a slot when first seen and keeps it; a slot is *present* while the last
-//! good read lists it. A slot is in the free bitmap exactly when it is `Free` and present, so
-//! an address that left the metadata is never handed out, whatever state it was in: a free
-//! one leaves the pool at once, a leased one (reported as *missing*) stays with its pod and,
-//! once released, cools down and then stays out until the metadata lists it again.
+//! An address is *known* once first seen and stays known; it is *present* while the last good
+//! read lists it. An address is in the free set exactly when it is free and present, so an
+//! address that left the metadata is never handed out, whatever state it was in: a free one
+//! leaves the pool at once, a leased one (reported as *missing*) stays with its pod and, once
+//! released, cools down and then stays out until the metadata lists it again.
 
 mod alloc;
+mod free;
 mod load;
 mod metadata;
 mod pool;
-mod pool6;
 mod release;
 mod report;
 mod snapshot;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests6;
 
 use std::{collections::HashMap, net::IpAddr, time::Duration};
 
@@ -47,8 +44,7 @@ use crate::{
 
 pub use load::LoadReport;
 pub use metadata::{MetaPool, MetadataChange};
-use pool::{locate_span, Pool, Slot, Span};
-use pool6::Pool6;
+use pool::{locate_span, Pool};
 pub use report::PoolCounts;
 
 /// A request the allocator turns down; maps 1:1 to a protocol error reply.
@@ -67,8 +63,8 @@ impl Refusal {
         }
     }
 
-    fn bad(message: String) -> Self {
-        Self::new(ErrorKind::BadRequest, message)
+    fn bad(message: impl std::fmt::Display) -> Self {
+        Self::new(ErrorKind::BadRequest, message.to_string())
     }
 }
 
@@ -93,7 +89,19 @@ pub enum AllocStep {
         records: Vec<Record>,
     },
     /// Something this request depends on is in flight; retry after the next change.
-    Wait(String),
+    Wait(WaitReason),
+}
+
+/// Why a request waits for another change before it can go on (shown in the refusal when
+/// the wait times out).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitReason {
+    #[error("a change to {key} is in flight")]
+    InFlight { key: AttachmentKey },
+    #[error("host veth {veth} of a previous attachment is still being deleted")]
+    VethBeingDeleted { veth: String },
+    #[error("the only reusable addresses wait for their old host veth to be deleted")]
+    OnlyHeldAddresses,
 }
 
 #[derive(Debug)]
@@ -109,7 +117,7 @@ pub enum ReleaseStep {
         address: IpAddr,
         pools: Vec<String>,
     },
-    Wait(String),
+    Wait(WaitReason),
 }
 
 pub struct State {
@@ -117,14 +125,10 @@ pub struct State {
     gc_grace_ms: u64,
     policy: OnOnlyCooling,
     veth_prefix: String,
+    /// The configured pools, the IPv4 ones first; a pool's index is its name's in `names`.
     pools: Vec<Pool>,
-    spans: Vec<Span>,
-    /// IPv6 pools; their pool names follow those of `pools` in `names`.
-    pools6: Vec<Pool6>,
-    /// (first, last, pool6) of every IPv6 range, by first address.
-    spans6: Vec<(Addr, Addr, usize)>,
-    /// Addresses of metadata pools -> (pool, slot).
-    dynamic: HashMap<u32, (usize, u32)>,
+    /// (first, last, pool) of every static range of either family, by first address.
+    spans: Vec<(Addr, Addr, usize)>,
     /// Pool names: the configured pools first, then names only old records mention.
     names: Vec<Box<str>>,
     leases: LeaseTable,
@@ -151,52 +155,27 @@ fn ms(d: Duration) -> u64 {
 impl State {
     /// An empty state over the configured pools.
     pub fn new(config: &Config) -> Self {
+        // IPv4 pools first: listings, stats and messages name them in that order.
         let (v4, v6): (Vec<_>, Vec<_>) = config
             .pools
             .iter()
             .cloned()
             .partition(|p| p.family == Family::Ipv4);
-        let pools: Vec<Pool> = v4.into_iter().map(Pool::new).collect();
-        let pools6: Vec<Pool6> = v6.into_iter().map(Pool6::new).collect();
-        let mut spans6: Vec<(Addr, Addr, usize)> = pools6
+        let pools: Vec<Pool> = v4.into_iter().chain(v6).map(Pool::new).collect();
+        let mut spans: Vec<(Addr, Addr, usize)> = pools
             .iter()
             .enumerate()
-            .flat_map(|(q, p)| p.spec.ranges6.iter().map(move |r| (r.first, r.last, q)))
+            .flat_map(|(p, pool)| pool.spec.address_ranges().map(move |(f, l)| (f, l, p)))
             .collect();
-        spans6.sort_unstable();
-        let mut spans: Vec<Span> = pools
-            .iter()
-            .enumerate()
-            .flat_map(|(p, pool)| {
-                pool.spec
-                    .ranges
-                    .iter()
-                    .zip(&pool.bases)
-                    .map(move |(r, b)| Span {
-                        first: r.first,
-                        last: r.last,
-                        pool: p,
-                        base: *b,
-                    })
-            })
-            .collect();
-        spans.sort_by_key(|s| s.first);
+        spans.sort_unstable();
         Self {
             cooldown: config.cooldown,
             gc_grace_ms: ms(config.gc_grace),
             policy: config.on_only_cooling,
             veth_prefix: config.host_veth_prefix.clone(),
-            names: pools
-                .iter()
-                .map(|p| &p.spec)
-                .chain(pools6.iter().map(|p| &p.spec))
-                .map(|s| s.name.as_str().into())
-                .collect(),
+            names: pools.iter().map(|p| p.spec.name.as_str().into()).collect(),
             pools,
             spans,
-            pools6,
-            spans6,
-            dynamic: HashMap::new(),
             leases: LeaseTable::default(),
             orphans: 0,
             holds: HashMap::new(),
@@ -216,26 +195,9 @@ impl State {
         u16::try_from(self.names.len() - 1).unwrap_or(u16::MAX)
     }
 
-    /// IPv4 pool and slot of `addr` (`None` for an IPv6 address).
-    fn locate(&self, addr: Addr) -> Option<(usize, u32)> {
-        let a = u32::try_from(addr).ok()?;
-        locate_span(&self.spans, a).or_else(|| self.dynamic.get(&a).copied())
-    }
-
-    /// IPv6 pool of `addr`: a range of a static pool, or an address a metadata pool has seen.
-    fn locate6(&self, addr: Addr) -> Option<usize> {
-        let i = self.spans6.partition_point(|s| s.0 <= addr);
-        if let Some(&(_, last, q)) = i.checked_sub(1).and_then(|i| self.spans6.get(i)) {
-            if addr <= last {
-                return Some(q);
-            }
-        }
-        self.pools6.iter().position(|p| p.knows(addr))
-    }
-
-    /// Index in `names` of IPv6 pool `q`.
-    fn name6(&self, q: usize) -> u16 {
-        (self.pools.len() + q) as u16
+    /// The pool of `addr`: a range of a static pool, or an address a metadata pool has seen.
+    fn locate(&self, addr: Addr) -> Option<usize> {
+        locate_span(&self.spans, addr).or_else(|| self.pools.iter().position(|p| p.knows(addr)))
     }
 
     fn pool_name(&self, e: &LeaseEntry) -> &str {
@@ -245,11 +207,8 @@ impl State {
     fn lease_of(&self, id: u32) -> Lease {
         let e = self.leases.get(id);
         let mut l = e.to_lease(self.pool_name(e));
-        if let Some((p, idx)) = self.locate(e.addr) {
+        if let Some(p) = self.locate(e.addr) {
             let pool = &self.pools[p];
-            l.missing = pool.dynamic() && pool.synced && !pool.is_present(idx);
-        } else if let Some(q) = self.locate6(e.addr) {
-            let pool = &self.pools6[q];
             l.missing = pool.dynamic() && pool.synced && !pool.is_present(e.addr);
         }
         l
@@ -259,21 +218,6 @@ impl State {
     pub fn expire(&mut self, now_ms: u64) {
         let cd = ms(self.cooldown);
         for pool in &mut self.pools {
-            while let Some(&(idx, at)) = pool.cooling.front() {
-                if at.saturating_add(cd) > now_ms {
-                    break;
-                }
-                pool.cooling.pop_front();
-                let addr = Addr::from(pool.addr_of(idx));
-                if self.holds.contains_key(&addr) {
-                    pool.slots[idx as usize] = Slot::Held;
-                    pool.held += 1;
-                } else {
-                    pool.make_free(idx);
-                }
-            }
-        }
-        for pool in &mut self.pools6 {
             while let Some(&(addr, at)) = pool.cooling.front() {
                 if at.saturating_add(cd) > now_ms {
                     break;
@@ -317,33 +261,22 @@ impl State {
                     }
                 }
                 match self.locate(r.addr) {
-                    Some((p, idx)) => {
+                    Some(p) => {
                         let pool = &mut self.pools[p];
-                        if !pool.is_present(idx) {
+                        if !pool.is_present(r.addr) {
                             pool.missing -= 1;
                         }
-                        pool.slots[idx as usize] = Slot::Cooling;
                         pool.leased -= 1;
-                        pool.push_cooling(idx, r.released_at_ms);
+                        pool.push_cooling(r.addr, r.released_at_ms);
                     }
-                    None => match self.locate6(r.addr) {
-                        Some(q) => {
-                            let pool = &mut self.pools6[q];
-                            if !pool.is_present(r.addr) {
-                                pool.missing -= 1;
-                            }
-                            pool.leased -= 1;
-                            pool.push_cooling(r.addr, r.released_at_ms);
-                        }
-                        None => {
-                            self.orphans -= 1;
-                            self.unplaced_cooling.insert(r.addr, r.released_at_ms);
-                        }
-                    },
+                    None => {
+                        self.orphans -= 1;
+                        self.unplaced_cooling.insert(r.addr, r.released_at_ms);
+                    }
                 }
                 let link = r.teardown.as_ref()?;
                 let fresh = !self.teardowns.contains_key(link);
-                let in_pool = self.locate(r.addr).is_some() || self.locate6(r.addr).is_some();
+                let in_pool = self.locate(r.addr).is_some();
                 let held = self.teardowns.entry(link.clone()).or_default();
                 if in_pool {
                     held.push(r.addr);
@@ -363,24 +296,13 @@ impl State {
                     return;
                 };
                 self.leases.remove(id);
-                if let Some(q) = self.locate6(a.addr) {
-                    let pool = &mut self.pools6[q];
-                    pool.leased -= 1;
-                    match self.reused.remove(&a.addr) {
-                        Some(at) => pool.push_cooling(a.addr, at),
-                        None => pool.make_free(a.addr),
-                    }
-                    return;
-                }
-                if let Some((p, idx)) = self.locate(a.addr) {
+                if let Some(p) = self.locate(a.addr) {
                     let pool = &mut self.pools[p];
                     pool.leased -= 1;
-                    if let Some(at) = self.reused.remove(&a.addr) {
+                    match self.reused.remove(&a.addr) {
                         // Back into the FIFO at its place in time: the cooldown still runs.
-                        pool.slots[idx as usize] = Slot::Cooling;
-                        pool.push_cooling(idx, at);
-                    } else {
-                        pool.make_free(idx);
+                        Some(at) => pool.push_cooling(a.addr, at),
+                        None => pool.make_free(a.addr),
                     }
                 }
             }
@@ -408,18 +330,10 @@ impl State {
     pub fn teardown_done(&mut self, link: &str) {
         for addr in self.teardowns.remove(link).unwrap_or_default() {
             self.holds.remove(&addr);
-            if let Some(q) = self.locate6(addr) {
-                let pool = &mut self.pools6[q];
+            if let Some(p) = self.locate(addr) {
+                let pool = &mut self.pools[p];
                 if pool.held.remove(&addr) {
                     pool.make_free(addr);
-                }
-                continue;
-            }
-            if let Some((p, idx)) = self.locate(addr) {
-                let pool = &mut self.pools[p];
-                if pool.slots[idx as usize] == Slot::Held {
-                    pool.held -= 1;
-                    pool.make_free(idx);
                 }
             }
         }

@@ -1,38 +1,31 @@
-//! One pool's slots: address per slot, free bitmap, cooling FIFO and counters.
+//! One pool of either family: its free addresses, cooling FIFO, held addresses and counters.
 
-use std::{collections::VecDeque, fmt::Write as _, time::Duration};
+use std::{
+    collections::{BTreeMap, HashSet, VecDeque},
+    fmt::Write as _,
+    time::Duration,
+};
 
 use aliasnet_ipam_proto::MetadataStatus;
 
-use crate::{bitmap::FreeBitmap, config::PoolSpec};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Slot {
-    Free,
-    Leased,
-    Cooling,
-    /// Cooldown over, but a host link that routed this address is still being deleted.
-    Held,
-}
+use super::free::FreeSet;
+use crate::{config::PoolSpec, lease::Addr};
 
 pub(super) struct Pool {
     pub(super) spec: PoolSpec,
-    /// Static pools: pool-local index of the first address of each range in `spec.ranges`.
-    pub(super) bases: Vec<u32>,
-    /// Metadata pools: slot -> address (slots are appended as addresses appear).
-    pub(super) addrs: Vec<u32>,
-    /// Metadata pools: whether the slot's address is in the last good read.
-    pub(super) present: Vec<bool>,
-    pub(super) free: FreeBitmap,
-    pub(super) slots: Vec<Slot>,
-    /// (slot, release time in ms), oldest first.
-    pub(super) cooling: VecDeque<(u32, u64)>,
-    pub(super) held: usize,
+    /// Free, reusable addresses (present ones only, in a metadata pool).
+    pub(super) free: FreeSet,
+    /// (address, release time in ms), oldest first.
+    pub(super) cooling: VecDeque<(Addr, u64)>,
+    /// Cooldown over, but a host link that routed the address is still being deleted.
+    pub(super) held: HashSet<Addr>,
     pub(super) leased: usize,
-    /// Leased slots that are not present (metadata pools).
-    pub(super) missing: usize,
-    /// Present slots (metadata pools).
+    /// Metadata pools: every address seen listed -> whether the last good read lists it.
+    pub(super) known: Option<BTreeMap<Addr, bool>>,
+    /// Present addresses (metadata pools).
     pub(super) present_count: usize,
+    /// Leased addresses that are not present (metadata pools).
+    pub(super) missing: usize,
     /// A metadata read has been applied (metadata pools); until then the pool has no address.
     pub(super) synced: bool,
     pub(super) metadata: Option<MetadataStatus>,
@@ -40,67 +33,72 @@ pub(super) struct Pool {
 
 impl Pool {
     pub(super) fn new(spec: PoolSpec) -> Self {
-        let mut bases = Vec::with_capacity(spec.ranges.len());
-        let mut n = 0u32;
-        for r in &spec.ranges {
-            bases.push(n);
-            n += r.len() as u32;
-        }
+        let dynamic = spec.source.is_dynamic();
         let metadata = spec.imds.as_ref().map(|i| MetadataStatus {
             url: i.url.clone(),
             ..MetadataStatus::default()
         });
         Self {
-            free: FreeBitmap::new_free(n as usize),
-            slots: vec![Slot::Free; n as usize],
+            free: FreeSet::new(&spec),
             spec,
-            bases,
-            addrs: Vec::new(),
-            present: Vec::new(),
             cooling: VecDeque::new(),
-            held: 0,
+            held: HashSet::new(),
             leased: 0,
-            missing: 0,
+            known: dynamic.then(BTreeMap::new),
             present_count: 0,
+            missing: 0,
             synced: false,
             metadata,
         }
     }
 
     pub(super) fn dynamic(&self) -> bool {
-        self.spec.source.is_dynamic()
+        self.known.is_some()
     }
 
-    pub(super) fn addr_of(&self, idx: u32) -> u32 {
-        if self.dynamic() {
-            return self.addrs[idx as usize];
+    /// Whether a metadata pool has seen `addr` listed (present or not).
+    pub(super) fn knows(&self, addr: Addr) -> bool {
+        self.known.as_ref().is_some_and(|k| k.contains_key(&addr))
+    }
+
+    /// A metadata pool learns `addr`, absent until a read lists it; false when it tracks
+    /// `limit` addresses already.
+    pub(super) fn learn(&mut self, addr: Addr, limit: usize) -> bool {
+        match self.known.as_mut() {
+            Some(k) if k.len() < limit => {
+                k.insert(addr, false);
+                true
+            }
+            _ => false,
         }
-        let k = self.bases.partition_point(|b| *b <= idx) - 1;
-        self.spec.ranges[k].first + (idx - self.bases[k])
     }
 
-    pub(super) fn is_present(&self, idx: u32) -> bool {
-        !self.dynamic() || self.present[idx as usize]
+    /// Whether `addr` may be in the free set: always in a static pool, while the last good
+    /// read lists it in a metadata pool.
+    pub(super) fn is_present(&self, addr: Addr) -> bool {
+        self.known
+            .as_ref()
+            .is_none_or(|k| k.get(&addr).copied().unwrap_or(false))
     }
 
-    /// Put a slot back to `Free` (in the bitmap only while present).
-    pub(super) fn make_free(&mut self, idx: u32) {
-        self.slots[idx as usize] = Slot::Free;
-        if self.is_present(idx) {
-            self.free.set_free(idx as usize);
+    /// An address (not free) becomes free: into the free set only while present.
+    pub(super) fn make_free(&mut self, addr: Addr) {
+        if self.is_present(addr) {
+            self.free.put(addr);
         }
     }
 
     /// Insert a cooling entry at its place in time.
-    pub(super) fn push_cooling(&mut self, idx: u32, at: u64) {
+    pub(super) fn push_cooling(&mut self, addr: Addr, at: u64) {
         if self.cooling.back().is_none_or(|(_, t)| *t <= at) {
-            self.cooling.push_back((idx, at));
+            self.cooling.push_back((addr, at));
         } else {
             let pos = self.cooling.partition_point(|(_, t)| *t <= at);
-            self.cooling.insert(pos, (idx, at));
+            self.cooling.insert(pos, (addr, at));
         }
     }
 
+    /// Addresses the pool counts: its ranges, or what the metadata lists now.
     pub(super) fn size(&self) -> u64 {
         if self.dynamic() {
             self.present_count as u64
@@ -121,48 +119,15 @@ impl Pool {
 
     /// Cooling addresses that are not reusable yet (including held ones).
     pub(super) fn cooling_count(&self) -> usize {
-        self.cooling.len() + self.held
+        self.cooling.len() + self.held.len()
     }
 
+    /// Why the pool has no free address, with what would change that.
     pub(super) fn usage(&self, cooldown: Duration, now_ms: u64) -> String {
-        Usage {
-            spec: &self.spec,
-            metadata: self.metadata.as_ref(),
-            unsynced: self.dynamic() && !self.synced,
-            size: self.size(),
-            leased: self.leased,
-            cooling: self.cooling_count(),
-            held: self.held,
-            oldest_release_ms: self.cooling.front().map(|(_, t)| *t),
-            missing: self.reported_missing(),
-        }
-        .message(cooldown, now_ms)
-    }
-}
-
-/// What a pool of either family tells about itself when it has no free address.
-pub(super) struct Usage<'a> {
-    pub(super) spec: &'a PoolSpec,
-    pub(super) metadata: Option<&'a MetadataStatus>,
-    /// A metadata pool no read has filled yet.
-    pub(super) unsynced: bool,
-    pub(super) size: u64,
-    pub(super) leased: usize,
-    /// Cooling addresses, held ones included.
-    pub(super) cooling: usize,
-    /// Cooled down, but waiting for their old host veth to go.
-    pub(super) held: usize,
-    /// Release time of the address that leaves cooldown next.
-    pub(super) oldest_release_ms: Option<u64>,
-    /// Leased addresses gone from the metadata, as reported.
-    pub(super) missing: usize,
-}
-
-impl Usage<'_> {
-    pub(super) fn message(&self, cooldown: Duration, now_ms: u64) -> String {
-        if self.unsynced {
+        if self.dynamic() && !self.synced {
             let why = self
                 .metadata
+                .as_ref()
                 .and_then(|m| m.last_error.clone())
                 .unwrap_or_else(|| "no answer yet".into());
             return format!(
@@ -172,9 +137,13 @@ impl Usage<'_> {
         }
         let mut s = format!(
             "pool '{}' ({}, {} addresses) has no free address: {} allocated, {} cooling",
-            self.spec.name, self.spec.description, self.size, self.leased, self.cooling
+            self.spec.name,
+            self.spec.description,
+            self.size(),
+            self.leased,
+            self.cooling_count()
         );
-        if let Some(t) = self.oldest_release_ms {
+        if let Some((_, t)) = self.cooling.front() {
             let free_at = t.saturating_add(cooldown.as_millis() as u64);
             let _ = write!(
                 s,
@@ -182,32 +151,65 @@ impl Usage<'_> {
                 free_at.saturating_sub(now_ms).div_ceil(1000)
             );
         }
-        if self.held > 0 {
-            let _ = write!(s, ", {} waiting for their old host veth to go", self.held);
-        }
-        if self.missing > 0 {
+        if !self.held.is_empty() {
             let _ = write!(
                 s,
-                ", {} leased addresses gone from the metadata",
-                self.missing
+                ", {} waiting for their old host veth to go",
+                self.held.len()
             );
+        }
+        let missing = self.reported_missing();
+        if missing > 0 {
+            let _ = write!(s, ", {missing} leased addresses gone from the metadata");
         }
         s
     }
+
+    /// Whether `addr` is one of the pool's usable addresses (exclusions are not; in a
+    /// metadata pool, the present ones).
+    pub(super) fn contains(&self, addr: Addr) -> bool {
+        if let Some(k) = &self.known {
+            return k.get(&addr).copied().unwrap_or(false);
+        }
+        self.spec
+            .address_ranges()
+            .any(|(first, last)| first <= addr && addr <= last)
+    }
+
+    /// Check the free set against the pool's addresses ([`super::State::check_invariants`]):
+    /// every free address is one of the pool's and present, and the count is right.
+    pub(super) fn check(&self) {
+        let mut n = 0u128;
+        let mut prev: Option<Addr> = None;
+        for (f, l) in self.free.ranges() {
+            assert!(f <= l);
+            assert!(
+                self.contains(f) && self.contains(l),
+                "{}",
+                crate::lease::addr_ip(f)
+            );
+            if let Some(k) = &self.known {
+                // Every address of a metadata pool's free interval is present.
+                let present = k.range(f..=l).filter(|(_, p)| **p).count() as u128;
+                assert_eq!(present, l - f + 1, "absent address free");
+            }
+            if let Some(p) = prev {
+                assert!(p.checked_add(1).is_some_and(|s| s < f), "adjacent ranges");
+            }
+            prev = Some(l);
+            n = n.saturating_add(l - f + 1);
+        }
+        assert_eq!(u64::try_from(n).unwrap_or(u64::MAX), self.free.count());
+        if let Some(k) = &self.known {
+            assert_eq!(k.values().filter(|p| **p).count(), self.present_count);
+        }
+    }
 }
 
-/// Where an address lives: pool index and pool-local slot.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Span {
-    pub(super) first: u32,
-    pub(super) last: u32,
-    pub(super) pool: usize,
-    pub(super) base: u32,
-}
-
-/// Pool and pool-local slot of `addr` in a static pool.
-pub(super) fn locate_span(spans: &[Span], addr: u32) -> Option<(usize, u32)> {
-    let i = spans.partition_point(|s| s.first <= addr);
-    let s = spans.get(i.checked_sub(1)?)?;
-    (addr <= s.last).then(|| (s.pool, s.base + (addr - s.first)))
+/// Where an address lives: (first, last, pool) of every static range of either family, by
+/// first address.
+pub(super) fn locate_span(spans: &[(Addr, Addr, usize)], addr: Addr) -> Option<usize> {
+    let i = spans.partition_point(|s| s.0 <= addr);
+    let &(_, last, pool) = spans.get(i.checked_sub(1)?)?;
+    (addr <= last).then_some(pool)
 }

@@ -11,7 +11,7 @@ use crate::{
     store::record::{Record, ReleaseRec},
 };
 
-use super::{Refusal, ReleaseStep, State};
+use super::{Refusal, ReleaseStep, State, WaitReason};
 
 impl State {
     /// Start releasing `key`. `teardown` is a host link to delete once the release is durable.
@@ -71,7 +71,7 @@ impl State {
             .find(|id| self.leases.get(*id).state != LeaseState::Committed)
         {
             let _ = id;
-            return Ok(ReleaseStep::Wait(format!("a change to {key} is in flight")));
+            return Ok(ReleaseStep::Wait(WaitReason::InFlight { key: key.clone() }));
         }
         for &id in &ids {
             let Some(l) = teardown else { break };
@@ -132,7 +132,7 @@ impl State {
         let pool = self.pool_name(self.leases.get(id)).to_owned();
         let e = self.leases.get_mut(id);
         if e.state != LeaseState::Committed {
-            return Ok(ReleaseStep::Wait(format!("a change to {key} is in flight")));
+            return Ok(ReleaseStep::Wait(WaitReason::InFlight { key: key.clone() }));
         }
         e.state = LeaseState::PendingRelease;
         // A recovered lease's own veth is the link to delete when the caller names none.
@@ -188,7 +188,7 @@ impl State {
         veth_gone: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<(Record, Lease)>, Refusal> {
         if network.is_empty() {
-            return Err(Refusal::bad("gc: network must not be empty".into()));
+            return Err(Refusal::bad("gc: network must not be empty"));
         }
         if network == RECOVERED_NETWORK {
             return Err(Refusal::bad(format!(

@@ -103,12 +103,10 @@ impl State {
 
     /// Names of the configured pools (only the metadata ones with `metadata_only`).
     pub fn pool_names(&self, metadata_only: bool) -> Vec<String> {
-        let v6 = self.pools6.iter().filter(|p| !metadata_only || p.dynamic());
         self.pools
             .iter()
             .filter(|p| !metadata_only || p.dynamic())
             .map(|p| p.spec.name.clone())
-            .chain(v6.map(|p| p.spec.name.clone()))
             .collect()
     }
 
@@ -140,28 +138,16 @@ impl State {
             .iter()
             .map(|p| PoolStats {
                 name: p.spec.name.clone(),
-                family: aliasnet_ipam_proto::Family::Ipv4,
+                family: p.spec.family,
                 source: p.spec.source.to_string(),
                 total: p.size(),
                 allocated: p.leased as u64,
                 cooling: p.cooling_count() as u64,
-                free: p.free.free_count() as u64,
-                pending_teardown: p.held as u64,
-                missing: p.reported_missing() as u64,
-                metadata: p.metadata.clone(),
-            })
-            .chain(self.pools6.iter().map(|p| PoolStats {
-                name: p.spec.name.clone(),
-                family: aliasnet_ipam_proto::Family::Ipv6,
-                source: p.spec.source.to_string(),
-                total: p.size(),
-                allocated: p.leased as u64,
-                cooling: p.cooling_count() as u64,
-                free: p.free_count(),
+                free: p.free.count(),
                 pending_teardown: p.held.len() as u64,
                 missing: p.reported_missing() as u64,
                 metadata: p.metadata.clone(),
-            }))
+            })
             .collect()
     }
 
@@ -175,19 +161,10 @@ impl State {
                 size: p.size(),
                 allocated: (p.leased - p.reported_missing()) as u64,
                 cooling: p.cooling.len() as u64,
-                pending_teardown: p.held as u64,
-                free: p.free.free_count() as u64,
+                pending_teardown: p.held.len() as u64,
+                free: p.free.count(),
                 missing: p.reported_missing() as u64,
             })
-            .chain(self.pools6.iter().map(|p| PoolCounts {
-                name: p.spec.name.clone(),
-                size: p.size(),
-                allocated: (p.leased - p.reported_missing()) as u64,
-                cooling: p.cooling.len() as u64,
-                pending_teardown: p.held.len() as u64,
-                free: p.free_count(),
-                missing: p.reported_missing() as u64,
-            }))
             .collect()
     }
 
@@ -202,14 +179,14 @@ impl State {
         // Without a family list every family served must be able to give an address (what an
         // Allocate without one asks for); with one, exactly the listed families, each from the
         // pools an Allocate would use. `free` is the smallest per-family count.
-        let (eligible, eligible6) = match families {
+        let eligible: [Option<Vec<usize>>; 2] = match families {
             None => {
-                let e4 = self.eligible(pool)?;
-                let e6 = self.eligible6(pool)?;
-                (
+                let e4 = self.eligible(pool, Family::Ipv4)?;
+                let e6 = self.eligible(pool, Family::Ipv6)?;
+                [
                     (!e4.is_empty() || e6.is_empty()).then_some(e4),
                     (!e6.is_empty()).then_some(e6),
-                )
+                ]
             }
             Some(list) => {
                 let wanted = match self.wanted(Some(list)) {
@@ -227,33 +204,25 @@ impl State {
                         Ok(None)
                     }
                 };
-                (pick(Family::Ipv4)?, pick(Family::Ipv6)?)
+                [pick(Family::Ipv4)?, pick(Family::Ipv6)?]
             }
         };
         self.expire(now_ms);
         let reuse = self.policy == OnOnlyCooling::ReuseOldest;
         let mut families: Vec<(u64, bool, Refusal)> = Vec::with_capacity(2);
-        if let Some(eligible) = eligible {
-            let free: u64 = eligible
+        for (family, eligible) in Family::ALL.into_iter().zip(eligible) {
+            let Some(eligible) = eligible else { continue };
+            let free = eligible
                 .iter()
-                .map(|&p| self.pools[p].free.free_count() as u64)
-                .sum();
+                .fold(0u64, |n, &p| n.saturating_add(self.pools[p].free.count()));
             let soon = eligible.iter().any(|&p| {
                 let pl = &self.pools[p];
-                pl.held > 0 || (reuse && pl.cooling.iter().any(|(i, _)| pl.is_present(*i)))
-            });
-            families.push((free, soon, self.exhausted(&eligible, now_ms)));
-        }
-        if let Some(eligible6) = eligible6 {
-            let free = eligible6
-                .iter()
-                .fold(0u64, |n, &q| n.saturating_add(self.pools6[q].free_count()));
-            let soon = eligible6.iter().any(|&q| {
-                let pl = &self.pools6[q];
                 !pl.held.is_empty() || (reuse && pl.cooling.iter().any(|(a, _)| pl.is_present(*a)))
             });
-            let mut r = self.exhausted6(&eligible6, now_ms);
-            r.message = format!("family ipv6: {}", r.message);
+            let mut r = self.exhausted(&eligible, now_ms);
+            if family == Family::Ipv6 {
+                r.message = format!("family ipv6: {}", r.message);
+            }
             families.push((free, soon, r));
         }
         let free = families.iter().map(|(f, _, _)| *f).min().unwrap_or(0);

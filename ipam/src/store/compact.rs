@@ -398,11 +398,11 @@ impl Job {
     }
 }
 
-fn decode(frame: &[u8]) -> Result<Record, String> {
+fn decode(frame: &[u8]) -> Result<Record, record::RecordError> {
     match record::read_frame(frame) {
         record::Frame::Ok(r, _) => Ok(r),
         record::Frame::Bad(d) => Err(d),
-        record::Frame::Incomplete => Err("record cut short".into()),
+        record::Frame::Incomplete => Err(record::RecordError::CutShort),
     }
 }
 

@@ -1,14 +1,35 @@
 //! What loading rebuilds from the snapshot and logs, record by record.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, net::IpAddr};
 
-use record::Record;
+use aliasnet_ipam_proto::Family;
+use record::{Record, RecordError};
 
 use crate::lease::{
     addr_family, addr_ip, display_key, Addr, InsertError, LeaseEntry, LeaseState, LeaseTable,
 };
 
 use super::*;
+
+/// A record that cannot be applied to what came before it in the files.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("too many pool names (at most {})", u16::MAX as usize + 1)]
+    TooManyPoolNames,
+    #[error("allocation for {key} which already holds an {family} lease")]
+    KeyHeld { key: String, family: Family },
+    #[error("allocation of {ip} which another key already holds")]
+    AddressHeld { ip: IpAddr },
+    #[error("release of {key} ({ip}) which holds no such lease")]
+    NoSuchLease { key: String, ip: IpAddr },
+    #[error("cooling entry for {ip} listed twice or also leased")]
+    CoolingTwice { ip: IpAddr },
+    /// `record` is the record's debug form.
+    #[error("record {record} does not belong in this file")]
+    Misplaced { record: String },
+}
 
 /// State rebuilt from disk, before it is laid over the configured pools.
 #[derive(Default)]
@@ -29,7 +50,7 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    fn intern(&mut self, name: &str) -> Result<u16, String> {
+    fn intern(&mut self, name: &str) -> Result<u16, LoadError> {
         // Nearly every record names the same pool as the one before.
         if let Some(last) = self.names.len().checked_sub(1) {
             if *self.names[last] == *name {
@@ -39,7 +60,7 @@ impl Loaded {
         if let Some(i) = self.name_idx.get(name) {
             return Ok(*i);
         }
-        let i = u16::try_from(self.names.len()).map_err(|_| "too many pool names".to_owned())?;
+        let i = u16::try_from(self.names.len()).map_err(|_| LoadError::TooManyPoolNames)?;
         self.names.push(name.into());
         self.name_idx.insert(name.into(), i);
         Ok(i)
@@ -52,7 +73,7 @@ impl Loaded {
         key_len: u16,
         addr: Addr,
         allocated_at_ms: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), LoadError> {
         let pool_name = self.intern(pool)?;
         self.newest_ms = self.newest_ms.max(allocated_at_ms);
         let entry = LeaseEntry {
@@ -67,18 +88,12 @@ impl Loaded {
         match self.leases.insert(entry) {
             Ok(_) => {}
             Err(InsertError::Key(id)) => {
-                return Err(format!(
-                    "allocation for {} which already holds an {} lease",
-                    display_key(self.leases.get(id).key()),
-                    addr_family(addr)
-                ))
+                return Err(LoadError::KeyHeld {
+                    key: display_key(self.leases.get(id).key()),
+                    family: addr_family(addr),
+                })
             }
-            Err(InsertError::Addr(_)) => {
-                return Err(format!(
-                    "allocation of {} which another key already holds",
-                    addr_ip(addr)
-                ))
-            }
+            Err(InsertError::Addr(_)) => return Err(LoadError::AddressHeld { ip: addr_ip(addr) }),
         }
         if !self.cooling.is_empty() {
             self.cooling.remove(&addr);
@@ -91,13 +106,13 @@ impl Loaded {
         &mut self,
         payload: &[u8],
         in_snapshot: bool,
-    ) -> Result<Applied, String> {
+    ) -> Result<Applied, LoadError> {
         match record::view_alloc(payload) {
             Some(Ok(a)) => {
                 self.apply_alloc(a.pool, a.data.into(), a.key_len, a.addr, a.allocated_at_ms)?;
                 Ok(Applied::Lease)
             }
-            Some(Err(e)) => Err(e),
+            Some(Err(e)) => Err(e.into()),
             None => match record::decode_payload(payload)? {
                 Record::End { leases, cooling } if in_snapshot => {
                     Ok(Applied::End { leases, cooling })
@@ -116,7 +131,7 @@ impl Loaded {
     }
 
     /// Apply one record, checking it is consistent with what came before.
-    fn apply(&mut self, rec: Record, in_snapshot: bool) -> Result<(), String> {
+    fn apply(&mut self, rec: Record, in_snapshot: bool) -> Result<(), LoadError> {
         match rec {
             Record::Alloc(a) => {
                 self.apply_alloc(&a.pool, a.data, a.key_len, a.addr, a.allocated_at_ms)?;
@@ -127,11 +142,10 @@ impl Loaded {
                         self.leases.remove(id);
                     }
                     _ => {
-                        return Err(format!(
-                            "release of {} ({}) which holds no such lease",
-                            display_key(&r.key),
-                            addr_ip(r.addr)
-                        ))
+                        return Err(LoadError::NoSuchLease {
+                            key: display_key(&r.key),
+                            ip: addr_ip(r.addr),
+                        })
                     }
                 }
                 self.newest_ms = self.newest_ms.max(r.released_at_ms);
@@ -145,13 +159,16 @@ impl Loaded {
                         .insert(c.addr, (c.released_at_ms, c.teardown))
                         .is_some()
                 {
-                    return Err(format!(
-                        "cooling entry for {} listed twice or also leased",
-                        addr_ip(c.addr)
-                    ));
+                    return Err(LoadError::CoolingTwice {
+                        ip: addr_ip(c.addr),
+                    });
                 }
             }
-            other => return Err(format!("record {other:?} does not belong in this file")),
+            other => {
+                return Err(LoadError::Misplaced {
+                    record: format!("{other:?}"),
+                })
+            }
         }
         Ok(())
     }

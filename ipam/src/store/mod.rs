@@ -132,10 +132,10 @@ pub struct Store {
     pub(crate) fail_appends: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
-pub(crate) fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
+pub(crate) fn corrupt(path: &Path, detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
         path: path.to_path_buf(),
-        detail: detail.into(),
+        detail: detail.to_string(),
     }
 }
 

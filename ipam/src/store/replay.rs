@@ -155,7 +155,7 @@ pub(super) fn replay_log(
                 path,
                 format!(
                     "{} at byte {off}, followed by {} more bytes{}",
-                    torn.as_deref().unwrap_or("incomplete record"),
+                    torn.map_or("incomplete record".to_owned(), |e| e.to_string()),
                     garbage,
                     if is_last {
                         " that contain valid records"

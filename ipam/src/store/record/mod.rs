@@ -39,6 +39,9 @@ use crate::lease::{
 };
 use aliasnet_ipam_proto::{AttachmentKey, PodRef};
 
+mod error;
+pub use error::RecordError;
+
 pub const HEADER_LEN: usize = 28;
 pub const LOG_MAGIC: &[u8; 8] = b"ALNIPLOG";
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"ALNIPSNP";
@@ -112,34 +115,28 @@ pub fn encode_header_version(out: &mut Vec<u8>, magic: &[u8; 8], generation: u64
 }
 
 /// Check a header; returns the generation.
-pub fn decode_header(buf: &[u8], magic: &[u8; 8]) -> Result<u64, String> {
+pub fn decode_header(buf: &[u8], magic: &[u8; 8]) -> Result<u64, RecordError> {
     decode_header_version(buf, magic).map(|(g, _)| g)
 }
 
 /// Check a header; returns (generation, format version).
-pub fn decode_header_version(buf: &[u8], magic: &[u8; 8]) -> Result<(u64, u32), String> {
+pub fn decode_header_version(buf: &[u8], magic: &[u8; 8]) -> Result<(u64, u32), RecordError> {
     if buf.len() < HEADER_LEN {
-        return Err(format!(
-            "file is {} bytes, shorter than its {HEADER_LEN}-byte header",
-            buf.len()
-        ));
+        return Err(RecordError::ShortHeader { len: buf.len() });
     }
     if &buf[..8] != magic {
-        return Err(format!(
-            "bad magic {:?} (expected {:?})",
-            String::from_utf8_lossy(&buf[..8]),
-            String::from_utf8_lossy(magic)
-        ));
+        return Err(RecordError::BadMagic {
+            found: String::from_utf8_lossy(&buf[..8]).into_owned(),
+            expected: String::from_utf8_lossy(magic).into_owned(),
+        });
     }
     let crc = u32::from_le_bytes(buf[24..28].try_into().expect("4 bytes"));
     if crc32fast::hash(&buf[..24]) != crc {
-        return Err("header checksum mismatch".into());
+        return Err(RecordError::HeaderChecksum);
     }
     let version = u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes"));
     if !(OLDEST_READABLE..=FORMAT_VERSION).contains(&version) {
-        return Err(format!(
-            "format version {version}, this daemon reads versions {OLDEST_READABLE} to {FORMAT_VERSION}"
-        ));
+        return Err(RecordError::Version { version });
     }
     Ok((
         u64::from_le_bytes(buf[16..24].try_into().expect("8 bytes")),
@@ -269,7 +266,7 @@ pub enum Frame {
     /// The frame runs past the end of the data: a write cut short.
     Incomplete,
     /// Bad length, checksum or content.
-    Bad(String),
+    Bad(RecordError),
 }
 
 /// Read the frame at the start of `buf`.
@@ -292,7 +289,7 @@ pub fn check_frame(buf: &[u8]) -> Result<usize, Frame> {
     let len = u32::from_le_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
     let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
     if len == 0 || len > MAX_RECORD {
-        return Err(Frame::Bad(format!("record length {len} out of range")));
+        return Err(Frame::Bad(RecordError::Length { len }));
     }
     if buf.len() < 8 + len {
         return Err(Frame::Incomplete);
@@ -301,7 +298,7 @@ pub fn check_frame(buf: &[u8]) -> Result<usize, Frame> {
     h.update(&buf[0..4]);
     h.update(&buf[8..8 + len]);
     if h.finalize() != crc {
-        return Err(Frame::Bad("record checksum mismatch".into()));
+        return Err(Frame::Bad(RecordError::Checksum));
     }
     Ok(len)
 }
@@ -317,7 +314,7 @@ pub struct AllocView<'a> {
 
 /// Parse a version-2 alloc payload without copying (loading 200,000 leases then costs one
 /// allocation each); `None` for any other record type, `Some(Err)` when it is malformed.
-pub fn view_alloc(p: &[u8]) -> Option<Result<AllocView<'_>, String>> {
+pub fn view_alloc(p: &[u8]) -> Option<Result<AllocView<'_>, RecordError>> {
     let t = *p.first()?;
     if t != 5 && t != 8 {
         return None;
@@ -326,14 +323,12 @@ pub fn view_alloc(p: &[u8]) -> Option<Result<AllocView<'_>, String>> {
     Some((|| {
         let addr = c.addr(t == 8)?;
         let allocated_at_ms = c.u64()?;
-        let pool =
-            std::str::from_utf8(c.bytes()?).map_err(|_| "record string is not UTF-8".to_owned())?;
+        let pool = std::str::from_utf8(c.bytes()?).map_err(|_| RecordError::NotUtf8)?;
         let data = c.bytes()?;
         if !c.0.is_empty() {
-            return Err("trailing bytes in record".to_owned());
+            return Err(RecordError::Trailing);
         }
-        let key_len =
-            data_key_len(data).ok_or("alloc record with a malformed key or pod fields")?;
+        let key_len = data_key_len(data).ok_or(RecordError::AllocData)?;
         Ok(AllocView {
             addr,
             allocated_at_ms,
@@ -389,66 +384,66 @@ pub fn peek_release(p: &[u8]) -> Option<(Addr, u64, &[u8], Option<&str>)> {
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
         if self.0.len() < n {
-            return Err("record payload truncated".into());
+            return Err(RecordError::Truncated);
         }
         let (a, b) = self.0.split_at(n);
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, String> {
+    fn u8(&mut self) -> Result<u8, RecordError> {
         Ok(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, RecordError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
     }
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, RecordError> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
     }
     /// An IPv4 address (4 bytes) or, with `v6`, an IPv6 one (16 bytes, never below 2^32).
-    fn addr(&mut self, v6: bool) -> Result<Addr, String> {
+    fn addr(&mut self, v6: bool) -> Result<Addr, RecordError> {
         if !v6 {
             return Ok(Addr::from(self.u32()?));
         }
         let a = u128::from_le_bytes(self.take(16)?.try_into().expect("16"));
         if a < V6_START {
-            return Err(format!("IPv6 record with the reserved address {a}"));
+            return Err(RecordError::ReservedV6 { addr: a });
         }
         Ok(a)
     }
-    fn str(&mut self) -> Result<Box<str>, String> {
+    fn str(&mut self) -> Result<Box<str>, RecordError> {
         let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2")) as usize;
         let b = self.take(len)?;
         std::str::from_utf8(b)
             .map(Into::into)
-            .map_err(|_| "record string is not UTF-8".to_owned())
+            .map_err(|_| RecordError::NotUtf8)
     }
-    fn bytes(&mut self) -> Result<&'a [u8], String> {
+    fn bytes(&mut self) -> Result<&'a [u8], RecordError> {
         let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2")) as usize;
         self.take(len)
     }
-    fn opt(&mut self) -> Result<Option<Box<str>>, String> {
+    fn opt(&mut self) -> Result<Option<Box<str>>, RecordError> {
         match self.u8()? {
             0 => Ok(None),
             1 => self.str().map(Some),
-            t => Err(format!("bad option tag {t}")),
+            tag => Err(RecordError::OptionTag { tag }),
         }
     }
 }
 
 /// Split a version-1 packed key (`network\0container\0ifname`).
-fn v1_key(packed: &str) -> Result<AttachmentKey, String> {
+fn v1_key(packed: &str) -> Result<AttachmentKey, RecordError> {
     let parts: Vec<&str> = packed.split('\0').collect();
     match parts.as_slice() {
         [n, c, i] if !n.is_empty() && !c.is_empty() && !i.is_empty() => {
             Ok(AttachmentKey::new(n, c, i))
         }
-        _ => Err("record with a malformed key".into()),
+        _ => Err(RecordError::MalformedKey),
     }
 }
 
-pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
+pub fn decode_payload(p: &[u8]) -> Result<Record, RecordError> {
     let mut c = Cursor(p);
     let rec = match c.u8()? {
         t @ (5 | 8) => {
@@ -456,8 +451,7 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
             let allocated_at_ms = c.u64()?;
             let pool = c.str()?;
             let data = c.bytes()?;
-            let key_len =
-                data_key_len(data).ok_or("alloc record with a malformed key or pod fields")?;
+            let key_len = data_key_len(data).ok_or(RecordError::AllocData)?;
             Record::Alloc(AllocRec {
                 data: data.into(),
                 key_len,
@@ -485,7 +479,7 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
                 || fields.len() != present.count_ones() as usize + 1
                 || fields.last() != Some(&"")
             {
-                return Err("alloc record with malformed pod fields".into());
+                return Err(RecordError::PodFields);
             }
             let mut it = fields.into_iter();
             let mut take = |bit: u8| (present & bit != 0).then(|| it.next()).flatten();
@@ -502,7 +496,7 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
             // Re-encoded from version 1: held to what a current record must satisfy (a field
             // over the length limit would load, but not reload from the next snapshot).
             if data_key_len(&data) != Some(key_len) {
-                return Err("alloc record with a malformed key or pod fields".into());
+                return Err(RecordError::AllocData);
             }
             Record::Alloc(AllocRec {
                 data,
@@ -534,11 +528,11 @@ pub fn decode_payload(p: &[u8]) -> Result<Record, String> {
             leases: c.u64()?,
             cooling: c.u64()?,
         },
-        7 => return Err("batch marker where a record was expected".into()),
-        t => return Err(format!("unknown record type {t}")),
+        7 => return Err(RecordError::BatchMarker),
+        kind => return Err(RecordError::UnknownType { kind }),
     };
     if !c.0.is_empty() {
-        return Err("trailing bytes in record".into());
+        return Err(RecordError::Trailing);
     }
     Ok(rec)
 }
@@ -549,9 +543,9 @@ fn release_rec(
     addr: Addr,
     released_at_ms: u64,
     teardown: Option<Box<str>>,
-) -> Result<Record, String> {
+) -> Result<Record, RecordError> {
     if !key_is_valid(key) {
-        return Err("release record with a malformed key".into());
+        return Err(RecordError::ReleaseKey);
     }
     check_link(teardown.as_deref())?;
     Ok(Record::Release(ReleaseRec {
@@ -562,9 +556,9 @@ fn release_rec(
     }))
 }
 
-fn check_link(l: Option<&str>) -> Result<(), String> {
+fn check_link(l: Option<&str>) -> Result<(), RecordError> {
     match l {
-        Some(l) => validate_ifname("teardown", l),
+        Some(l) => Ok(validate_ifname("teardown", l)?),
         None => Ok(()),
     }
 }

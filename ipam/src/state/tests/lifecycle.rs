@@ -1,101 +1,94 @@
-use std::{
-    net::{IpAddr, Ipv4Addr},
-    path::Path,
-};
+//! A pool's life cycle, the same for both families: allocation order, exhaustion and cooldown,
+//! `reuse-oldest`, aborts, held addresses, GC, bad requests, restarts and a nearly full pool.
 
 use aliasnet_ipam_proto::{host_veth_name, Attachment};
 
 use super::*;
+use crate::store::{encode_records, Store};
 
-fn config(pool_body: &str, extra: &str) -> Config {
-    Config::parse(
-        &format!("{extra}\n[[pool]]\nname=\"p\"\nsource=\"static\"\n{pool_body}\n"),
-        Path::new("/test.toml"),
-    )
-    .unwrap()
+per_family!(
+    allocate_is_idempotent_and_round_robin,
+    a_restart_continues_after_the_highest_address_in_use,
+    exhaustion_message_is_actionable,
+    reuse_oldest_takes_the_longest_released,
+    aborted_allocation_frees_the_address_and_hides_the_lease,
+    held_address_waits_for_teardown,
+    gc_releases_only_stale_leases_of_the_network,
+    bad_requests_are_refused,
+    allocation_stays_fast_when_nearly_full,
+);
+
+/// One static pool "p" of `family`'s first `n` test addresses.
+fn block(family: Family, n: u32, extra: &str) -> State {
+    State::new(&config(
+        &format!("ranges=[\"{}\"]", range(family, n)),
+        extra,
+    ))
 }
 
-fn key(c: &str) -> AttachmentKey {
-    AttachmentKey::new("net", c, "eth0")
-}
-
-fn alloc(st: &mut State, c: &str, now: u64) -> Result<Lease, Refusal> {
-    let k = key(c);
-    let pod = PodRef::default();
-    match st.begin_allocate(
-        AllocRequest {
-            key: &k,
-            pod: &pod,
-            pool: None,
-            host_veth: None,
-            families: None,
-        },
-        now,
-    )? {
-        AllocStep::Fresh {
-            mut leases,
-            records,
-        } => {
-            for r in &records {
-                st.commit(r);
-            }
-            Ok(leases.remove(0))
-        }
-        AllocStep::Existing(mut l) => Ok(l.remove(0)),
-        AllocStep::Wait(w) => panic!("wait: {w}"),
-    }
-}
-
-fn release(st: &mut State, c: &str, now: u64) -> Option<IpAddr> {
-    match st.begin_release(&key(c), None, None, now).unwrap() {
-        ReleaseStep::Fresh {
-            records, address, ..
-        } => {
-            for r in &records {
-                st.commit(r);
-            }
-            Some(address)
-        }
-        ReleaseStep::NotFound { .. } => None,
-        ReleaseStep::Wait(w) => panic!("wait: {w}"),
-    }
-}
-
-#[test]
-fn allocate_is_idempotent_and_round_robin() {
-    let mut st = State::new(&config("cidrs=[\"10.0.0.0/30\"]", "cooldown=\"0s\""));
-    let a = alloc(&mut st, "a", 1).unwrap();
-    assert_eq!(a.address, Ipv4Addr::new(10, 0, 0, 0));
-    assert_eq!(alloc(&mut st, "a", 2).unwrap(), a);
-    let b = alloc(&mut st, "b", 3).unwrap();
-    assert_eq!(b.address, Ipv4Addr::new(10, 0, 0, 1));
-    assert_eq!(release(&mut st, "a", 4), Some(a.address));
+fn allocate_is_idempotent_and_round_robin(f: Family) {
+    let mut st = block(f, 4, "cooldown=\"0s\"");
+    let a = alloc_one(&mut st, "a", 1).unwrap();
+    assert_eq!(a.address, addr(f, 0));
+    assert_eq!(alloc_one(&mut st, "a", 2).unwrap(), a);
+    let b = alloc_one(&mut st, "b", 3).unwrap();
+    assert_eq!(b.address, addr(f, 1));
+    assert_eq!(release(&mut st, "a", 4), Some((a.address, 1)));
     // Even with no cooldown the freed address is not the next one handed out.
-    assert_eq!(
-        alloc(&mut st, "c", 5).unwrap().address,
-        Ipv4Addr::new(10, 0, 0, 2)
-    );
+    assert_eq!(alloc_one(&mut st, "c", 5).unwrap().address, addr(f, 2));
     assert_eq!(release(&mut st, "zzz", 6), None);
     st.check_invariants();
 }
 
-#[test]
-fn exhaustion_message_is_actionable() {
-    let mut st = State::new(&config("cidrs=[\"10.240.1.0/30\"]", "cooldown=\"130s\""));
-    for c in ["a", "b", "c", "d"] {
-        alloc(&mut st, c, 0).unwrap();
+fn a_restart_continues_after_the_highest_address_in_use(f: Family) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&format!("ranges=[\"{}\"]", range(f, 8)), "cooldown=\"0s\"");
+    let (mut store, loaded) = Store::open(dir.path()).unwrap();
+    let (mut st, _) = State::from_loaded(&cfg, loaded, 0);
+    let (pod, mut records) = (PodRef::default(), Vec::new());
+    for c in ["a", "b", "c"] {
+        let k = key(c);
+        let AllocStep::Fresh { records: r, .. } =
+            st.begin_allocate(request(&k, &pod, None), 1).unwrap()
+        else {
+            panic!()
+        };
+        st.commit(&r[0]);
+        records.extend(r);
     }
-    let e = alloc(&mut st, "e", 0).unwrap_err();
+    let ReleaseStep::Fresh { records: r, .. } = st.begin_release(&key("a"), None, None, 2).unwrap()
+    else {
+        panic!()
+    };
+    records.extend(r);
+    store.append(&encode_records(records.iter())).unwrap();
+    drop(store);
+    let (_, loaded) = Store::open(dir.path()).unwrap();
+    let (mut st, report) = State::from_loaded(&cfg, loaded, 3);
+    // a's address (the lowest) has cooled down (no cooldown) and is free again, but the next
+    // address handed out follows c's.
+    assert_eq!((report.leases, report.cooling), (2, 1));
+    assert_eq!(alloc_one(&mut st, "d", 4).unwrap().address, addr(f, 3));
+    st.check_invariants();
+}
+
+fn exhaustion_message_is_actionable(f: Family) {
+    let r = range(f, 4);
+    let mut st = block(f, 4, "cooldown=\"130s\"");
+    for c in ["a", "b", "c", "d"] {
+        alloc_one(&mut st, c, 0).unwrap();
+    }
+    let e = alloc_one(&mut st, "e", 0).unwrap_err();
     assert_eq!(e.kind, ErrorKind::PoolExhausted);
-    assert!(
-        e.message.contains(
-            "pool 'p' (10.240.1.0/30, 4 addresses) has no free address: 4 allocated, 0 cooling"
-        ),
-        "{}",
-        e.message
-    );
+    let usage = format!("pool 'p' ({r}, 4 addresses) has no free address: 4 allocated, 0 cooling");
+    // An IPv6 refusal names its family, as on a dual-stack node.
+    let want = match f {
+        Family::Ipv4 => usage,
+        Family::Ipv6 => format!("family ipv6: {usage}"),
+    };
+    assert!(e.message.starts_with(&want), "{}", e.message);
     release(&mut st, "a", 1_000);
-    let e = alloc(&mut st, "e", 2_000).unwrap_err();
+    let e = alloc_one(&mut st, "e", 2_000).unwrap_err();
     assert_eq!(e.kind, ErrorKind::OnlyCooling);
     assert!(
         e.message.contains("3 allocated, 1 cooling"),
@@ -107,52 +100,40 @@ fn exhaustion_message_is_actionable() {
     let (ready, free, reason) = st.status(None, None, 2_000).unwrap();
     assert!(!ready);
     assert_eq!(free, 0);
-    assert!(reason.unwrap().contains("1 cooling"));
+    let reason = reason.unwrap();
+    assert!(reason.contains("1 cooling"), "{reason}");
+    assert_eq!(
+        reason.starts_with("family ipv6"),
+        f == Family::Ipv6,
+        "{reason}"
+    );
     // After the cooldown the address is free again.
-    let l = alloc(&mut st, "e", 131_000).unwrap();
-    assert_eq!(l.address, Ipv4Addr::new(10, 240, 1, 0));
+    let l = alloc_one(&mut st, "e", 131_000).unwrap();
+    assert_eq!(l.address, addr(f, 0));
     st.check_invariants();
 }
 
-#[test]
-fn reuse_oldest_takes_the_longest_released() {
-    let mut st = State::new(&config(
-        "cidrs=[\"10.0.0.0/30\"]",
-        "cooldown=\"130s\"\non_only_cooling=\"reuse-oldest\"",
-    ));
+fn reuse_oldest_takes_the_longest_released(f: Family) {
+    let mut st = block(f, 4, "cooldown=\"130s\"\non_only_cooling=\"reuse-oldest\"");
     for c in ["a", "b", "c", "d"] {
-        alloc(&mut st, c, 0).unwrap();
+        alloc_one(&mut st, c, 0).unwrap();
     }
     release(&mut st, "c", 10);
     release(&mut st, "a", 20);
     assert!(st.status(None, None, 30).unwrap().0);
+    assert_eq!(alloc_one(&mut st, "e", 30).unwrap().address, addr(f, 2));
+    assert_eq!(alloc_one(&mut st, "f", 30).unwrap().address, addr(f, 0));
     assert_eq!(
-        alloc(&mut st, "e", 30).unwrap().address,
-        Ipv4Addr::new(10, 0, 0, 2)
-    );
-    assert_eq!(
-        alloc(&mut st, "f", 30).unwrap().address,
-        Ipv4Addr::new(10, 0, 0, 0)
-    );
-    assert_eq!(
-        alloc(&mut st, "g", 30).unwrap_err().kind,
+        alloc_one(&mut st, "g", 30).unwrap_err().kind,
         ErrorKind::PoolExhausted
     );
     st.check_invariants();
 }
 
-#[test]
-fn aborted_allocation_frees_the_slot_and_hides_the_lease() {
-    let mut st = State::new(&config("ips=[\"10.0.0.1\"]", ""));
-    let k = key("a");
-    let pod = PodRef::default();
-    let req = AllocRequest {
-        key: &k,
-        pod: &pod,
-        pool: None,
-        host_veth: None,
-        families: None,
-    };
+fn aborted_allocation_frees_the_address_and_hides_the_lease(f: Family) {
+    let mut st = State::new(&config(&format!("ips=[\"{}\"]", addr(f, 1)), ""));
+    let (k, pod) = (key("a"), PodRef::default());
+    let req = request(&k, &pod, None);
     let AllocStep::Fresh { mut records, .. } = st.begin_allocate(req, 0).unwrap() else {
         panic!()
     };
@@ -176,18 +157,16 @@ fn aborted_allocation_frees_the_slot_and_hides_the_lease() {
     ));
 }
 
-#[test]
-fn held_address_waits_for_teardown() {
-    let mut st = State::new(&config("ips=[\"10.0.0.1\"]", "cooldown=\"0s\""));
-    let k = key("a");
+fn held_address_waits_for_teardown(f: Family) {
+    let mut st = State::new(&config(
+        &format!("ips=[\"{}\"]", addr(f, 1)),
+        "cooldown=\"0s\"",
+    ));
+    let (k, pod) = (key("a"), PodRef::default());
     let old = host_veth_name("ali", &k);
-    let pod = PodRef::default();
     let req = AllocRequest {
-        key: &k,
-        pod: &pod,
-        pool: None,
         host_veth: Some(&old),
-        families: None,
+        ..request(&k, &pod, None)
     };
     let AllocStep::Fresh { mut records, .. } = st.begin_allocate(req, 0).unwrap() else {
         panic!()
@@ -206,12 +185,7 @@ fn held_address_waits_for_teardown() {
         AllocStep::Wait(_)
     ));
     let k2 = key("b");
-    let req2 = AllocRequest {
-        key: &k2,
-        host_veth: None,
-        families: None,
-        ..req
-    };
+    let req2 = request(&k2, &pod, None);
     assert!(matches!(
         st.begin_allocate(req2, 2).unwrap(),
         AllocStep::Wait(_)
@@ -226,26 +200,15 @@ fn held_address_waits_for_teardown() {
     assert!(!snap_has_teardown.is_empty());
 }
 
-#[test]
-fn gc_releases_only_stale_leases_of_the_network() {
-    let mut st = State::new(&config("cidrs=[\"10.0.0.0/28\"]", "gc_grace=\"0s\""));
+fn gc_releases_only_stale_leases_of_the_network(f: Family) {
+    let mut st = block(f, 16, "gc_grace=\"0s\"");
     for c in ["a", "b", "c"] {
-        alloc(&mut st, c, 0).unwrap();
+        alloc_one(&mut st, c, 0).unwrap();
     }
     let other = AttachmentKey::new("other", "x", "eth0");
     let pod = PodRef::default();
-    let AllocStep::Fresh { mut records, .. } = st
-        .begin_allocate(
-            AllocRequest {
-                key: &other,
-                pod: &pod,
-                pool: None,
-                host_veth: None,
-                families: None,
-            },
-            0,
-        )
-        .unwrap()
+    let AllocStep::Fresh { mut records, .. } =
+        st.begin_allocate(request(&other, &pod, None), 0).unwrap()
     else {
         panic!()
     };
@@ -269,51 +232,25 @@ fn gc_releases_only_stale_leases_of_the_network() {
     st.check_invariants();
 }
 
-#[test]
-fn bad_requests_are_refused() {
-    let mut st = State::new(&config("ips=[\"10.0.0.1\"]", ""));
+fn bad_requests_are_refused(f: Family) {
+    let mut st = State::new(&config(&format!("ips=[\"{}\"]", addr(f, 1)), ""));
     let pod = PodRef::default();
     let bad = AttachmentKey::new("net", "", "eth0");
-    let e = st
-        .begin_allocate(
-            AllocRequest {
-                key: &bad,
-                pod: &pod,
-                pool: None,
-                host_veth: None,
-                families: None,
-            },
-            0,
-        )
-        .unwrap_err();
+    let e = st.begin_allocate(request(&bad, &pod, None), 0).unwrap_err();
     assert_eq!(e.kind, ErrorKind::BadRequest);
     let k = key("a");
-    let e = st
-        .begin_allocate(
-            AllocRequest {
-                key: &k,
-                pod: &pod,
-                pool: Some("nope"),
-                host_veth: None,
-                families: None,
-            },
-            0,
-        )
-        .unwrap_err();
+    let named = AllocRequest {
+        pool: Some("nope"),
+        ..request(&k, &pod, None)
+    };
+    let e = st.begin_allocate(named, 0).unwrap_err();
     assert_eq!(e.kind, ErrorKind::UnknownPool);
     assert!(e.message.contains("'p'"));
-    let e = st
-        .begin_allocate(
-            AllocRequest {
-                key: &k,
-                pod: &pod,
-                pool: None,
-                host_veth: Some("far-too-long-interface"),
-                families: None,
-            },
-            0,
-        )
-        .unwrap_err();
+    let long_veth = AllocRequest {
+        host_veth: Some("far-too-long-interface"),
+        ..request(&k, &pod, None)
+    };
+    let e = st.begin_allocate(long_veth, 0).unwrap_err();
     assert_eq!(e.kind, ErrorKind::BadRequest);
     assert_eq!(
         st.status(Some("nope"), None, 0).unwrap_err().kind,
@@ -321,27 +258,17 @@ fn bad_requests_are_refused() {
     );
 }
 
-#[test]
-fn allocation_stays_fast_when_nearly_full() {
-    // A /14 at 100% occupancy minus a few scattered holes: every allocation must still be
-    // found through the summary level, not a linear scan.
-    let mut st = State::new(&config("cidrs=[\"10.64.0.0/14\"]", "cooldown=\"0s\""));
-    let n = 1usize << 18;
+fn allocation_stays_fast_when_nearly_full(f: Family) {
+    // As large as an IPv4 /14, at 100% occupancy minus a few scattered holes: every
+    // allocation must still be found without a linear scan (the bitmap's summary level, the
+    // interval tree).
+    let n = 1u32 << 18;
+    let mut st = block(f, n, "cooldown=\"0s\"");
     let pod = PodRef::default();
     for i in 0..n {
         let k = AttachmentKey::new("net", &format!("c{i}"), "eth0");
-        let AllocStep::Fresh { mut records, .. } = st
-            .begin_allocate(
-                AllocRequest {
-                    key: &k,
-                    pod: &pod,
-                    pool: None,
-                    host_veth: None,
-                    families: None,
-                },
-                0,
-            )
-            .unwrap()
+        let AllocStep::Fresh { mut records, .. } =
+            st.begin_allocate(request(&k, &pod, None), 0).unwrap()
         else {
             panic!()
         };
@@ -353,7 +280,7 @@ fn allocation_stays_fast_when_nearly_full() {
     for round in 0..2000 {
         let victim = (round * 7919) % n;
         release(&mut st, &format!("c{victim}"), 1);
-        alloc(&mut st, &format!("c{victim}"), 1).unwrap();
+        alloc_one(&mut st, &format!("c{victim}"), 1).unwrap();
     }
     let per_op = start.elapsed() / 4000;
     // Generous bound for a shared debug build; a linear scan would take ~100x longer.
@@ -383,7 +310,7 @@ fn reserved_metadata_addresses_are_refused_naming_why() {
     .iter()
     .map(|s| s.parse().unwrap())
     .collect();
-    let v6: Vec<std::net::Ipv6Addr> = ["fd00:8::6", "::", "::1", "fe80::1", "febf::9", "ff02::1"]
+    let v6: Vec<Ipv6Addr> = ["fd00:8::6", "::", "::1", "fe80::1", "febf::9", "ff02::1"]
         .iter()
         .map(|s| s.parse().unwrap())
         .collect();
