@@ -65,8 +65,7 @@ pub use limits::{LimitError, Limits};
 pub use object::{bench_datapath_object, datapath_object, MissingObject, BENCH_DATAPATH_OBJECT};
 pub use pod::{
     eui64_link_local, run_in_pod, AttachHints, AttachedPod, HookState, PodAttachment, PodHooks,
-    PodIdentity,
-    PodRecord, QdiscState, ShapingStats, Teardown,
+    PodIdentity, PodRecord, QdiscState, ShapingStats, Teardown,
 };
 pub use policy::{
     resolve_uplink, Dest, LevelLimits, NamespaceLimits, NodePolicy, PolicyReport, INTERNET,
