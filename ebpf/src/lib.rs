@@ -109,17 +109,16 @@ pub mod programs {
         NS_GATE,
         NS_CLASSIFY,
     ];
-    /// Every program, in a stable order.
-    pub const ALL: [&str; 8] = [
-        HOST_INGRESS,
-        HOST_EGRESS,
-        POD_EGRESS,
-        UPLINK,
-        UPLINK_IN,
-        NS_GATE,
-        NS_CLASSIFY,
-        CONNS_SWEEP,
-    ];
+    /// Every program, in a stable order: the packet programs, then the sweep.
+    pub const ALL: [&str; 8] = {
+        let mut all = [CONNS_SWEEP; 8];
+        let mut i = 0;
+        while i < PACKET.len() {
+            all[i] = PACKET[i];
+            i += 1;
+        }
+        all
+    };
 }
 
 /// Map names in [`DATAPATH_OBJECT`] (also their pin file names).

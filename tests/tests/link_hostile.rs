@@ -15,9 +15,9 @@ use aliasnet_tests::{
 };
 
 /// Neighbour solicitations to the gateway (`fe80::1`, through its solicited-node group)
-/// from a random link-local source with a random link-layer address each, as fast as a raw
-/// socket sends them, for `secs` seconds: each new source the node accepts takes an entry
-/// of its neighbour table.
+/// from a random link-local source with a random link-layer address each, 2,000 a second for
+/// `secs` seconds (ten times what filled the table, without taking a CPU from the tests
+/// beside it): each new source the node accepts takes an entry of its neighbour table.
 const FLOOD: &str = r#"
 import os, random, socket, struct, sys, time
 
@@ -34,8 +34,11 @@ s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((ifname, 0))
 dst = socket.inet_pton(socket.AF_INET6, "ff02::1:ff00:1")
 target = socket.inet_pton(socket.AF_INET6, "fe80::1")
-sent, end = 0, time.time() + secs
-while time.time() < end:
+sent, start = 0, time.time()
+while time.time() < start + secs:
+    if sent > (time.time() - start) * 2000:
+        time.sleep(0.002)
+        continue
     mac = bytes([0x02]) + os.urandom(5)
     src = socket.inet_pton(socket.AF_INET6, "fe80::") [:8] + os.urandom(8)
     icmp = bytes([135, 0, 0, 0, 0, 0, 0, 0]) + target + bytes([1, 1]) + mac
@@ -118,7 +121,7 @@ fn a_pod_flooding_neighbour_solicitations_leaves_the_nodes_table_and_other_pods_
         .trim()
         .parse()
         .expect("solicitations sent");
-    assert!(sent > 30_000, "the flood sent {sent} solicitations in 30 s");
+    assert!(sent > 20_000, "the flood sent {sent} solicitations in 30 s");
     assert!(
         most < thresh1.min(128),
         "the node's neighbour table reached {most} entries (from {before}; gc_thresh1 {thresh1})"

@@ -97,8 +97,21 @@ impl Fabric {
                 ipv6: None,
             },
             limits,
-            pod_mac: None,
+            pod_mac: Some(self.pod_mac(i)),
         }
+    }
+
+    /// The MAC address of pod `i`'s `eth0`, as the plugin passes it at ADD (its link-local
+    /// address derives from it).
+    pub fn pod_mac(&self, i: usize) -> [u8; 6] {
+        let out = self.exec(&pod_role(i), &["cat", "/sys/class/net/eth0/address"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut mac = [0u8; 6];
+        let mut parts = text.trim().split(':');
+        for b in &mut mac {
+            *b = u8::from_str_radix(parts.next().expect("MAC octet"), 16).expect("hex octet");
+        }
+        mac
     }
 
     /// The programs' queue model of one class (`an_vqueue`), read from the pins.
