@@ -34,16 +34,22 @@ impl HtbClass {
         let rate = (self.rate.rate / 8).max(1);
         // The DRR quantum used when siblings borrow: ~1/10 s of rate within HTB's sane range
         // (setting it avoids the kernel's "quantum is big/small" warnings), and at least the
-        // largest packet the class's leaf hands HTB (a frame, or a GRO aggregate up to the tbf
-        // leaf's peak bucket). HTB sends one packet per round whatever its deficit, so with a
-        // smaller quantum siblings share by packets, not bytes: a pod whose aggregates are two
-        // jumbo frames got twice the share of one whose are one.
-        let largest = self
-            .ceil
-            .frame
-            .max(self.rate.frame)
-            .max(self.ceil.leaf_burst_bytes)
-            .max(self.rate.leaf_burst_bytes);
+        // largest packet the class's leaf hands HTB. HTB sends one packet per round whatever
+        // its deficit, so with a smaller quantum siblings share by packets, not bytes: under
+        // 100 Mbit/s on 9000-byte frames a pod whose GRO aggregates held two frames got 1.7x
+        // the share of the others. Where a frame takes a millisecond or more of the ceiling,
+        // the quantum stays one frame: a two-frame quantum per pod made HTB's rounds tens of
+        // milliseconds long and their bursts overflowed the pods' queues (4 pods under
+        // 10 Mbit/s on 9000-byte frames: 83 % of the rate, 7.5 % retransmits), and at such
+        // rates the class's TCP segments are a 1500-byte network's (the MSS clamp).
+        let frame = self.ceil.frame.max(self.rate.frame);
+        let largest = if self.ceil.rate / 8 / 1000 >= frame {
+            frame
+                .max(self.ceil.leaf_burst_bytes)
+                .max(self.rate.leaf_burst_bytes)
+        } else {
+            frame
+        };
         let quantum = (rate / 10).clamp(1600.max(largest), 200_000.max(largest)) as u32;
         HtbClassOptions {
             classid: self.classid,
@@ -157,8 +163,8 @@ mod tests {
         assert_eq!(o.rate.rate, 10_000_000);
         assert_eq!(o.rate.burst_bytes, c.rate.burst_bytes);
 
-        // A slow class's DRR quantum holds the largest packet its tbf leaf passes whole: a GRO
-        // aggregate of two of its device's frames.
+        // A slow class's DRR quantum is one of its device's frames: a larger one makes the
+        // rounds of its siblings long.
         let slow = Shape::new(100_000, None, 9014);
         let o = HtbClass {
             rate: slow,
@@ -166,9 +172,17 @@ mod tests {
             ..c
         }
         .options();
-        assert_eq!(o.quantum, 2 * 9014);
-        // So does a pod's leaf in an aggregate (a token guarantee, the group's ceiling): its
-        // siblings share by bytes, not by packets, whatever their aggregates' sizes.
+        assert_eq!(o.quantum, 9014);
+        let o = HtbClass {
+            rate: Shape::new(1_000, None, 9014),
+            ceil: Shape::new(10_000_000, None, 9014),
+            ..c
+        }
+        .options();
+        assert_eq!(o.quantum, 9014);
+        // A fast class's holds the largest packet its tbf leaf passes whole (a GRO aggregate
+        // up to its peak bucket), also for a pod's leaf in an aggregate (a token guarantee, the
+        // group's ceiling): its siblings share by bytes, whatever their aggregates' sizes.
         let o = HtbClass {
             rate: Shape::new(1_000, None, 9014),
             ceil: Shape::new(100_000_000, None, 9014),
