@@ -125,6 +125,13 @@ def cmd_prepare(path, ds):
             d.mkdir(parents=True, exist_ok=True)
             for key, value in cms[0].get("data", {}).items():
                 (d / key).write_text(value)
+        elif "secret" in v:
+            # The test node has no Secrets: an optional one is an empty volume, as the
+            # kubelet mounts it when the Secret does not exist.
+            if not v["secret"].get("optional"):
+                die(f"volume {v['name']}: a required Secret is not handled")
+            d = pathlib.Path(cm_dir("secret-" + v["secret"]["secretName"]))
+            d.mkdir(parents=True, exist_ok=True)
         elif "emptyDir" in v:
             pass
         else:
@@ -192,9 +199,14 @@ def cmd_run(path, ds, cname, name, netns, cgroup_parent):
     if mem is not None:
         a.append(f"--memory={size_arg(mem)}")
     for e in c.get("env", []):
-        if set(e) != {"name", "value"}:
+        field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if set(e) == {"name", "value"}:
+            a.append(f"--env={e['name']}={e['value']}")
+        elif set(e) == {"name", "valueFrom"} and field == "spec.nodeName":
+            # The node's name, as the kubelet fills it in: the test node's hostname.
+            a.append(f"--env={e['name']}={os.uname().nodename}")
+        else:
             die(f"container {cname}: env entry {e} not handled")
-        a.append(f"--env={e['name']}={e['value']}")
     for m in c.get("volumeMounts", []):
         if set(m) - {"name", "mountPath", "readOnly", "mountPropagation"}:
             die(f"container {cname}: volumeMount {m} not handled")
@@ -208,6 +220,8 @@ def cmd_run(path, ds, cname, name, netns, cgroup_parent):
         elif "configMap" in v:
             # The kubelet mounts ConfigMap volumes read-only whatever the mount says.
             a.append(f"--volume={cm_dir(v['configMap']['name'])}:{m['mountPath']}:ro")
+        elif "secret" in v:
+            a.append(f"--volume={cm_dir('secret-' + v['secret']['secretName'])}:{m['mountPath']}:ro")
         elif "emptyDir" in v:
             ed = v["emptyDir"] or {}
             if ed.get("medium") != "Memory":
