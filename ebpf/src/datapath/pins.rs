@@ -13,7 +13,7 @@ use std::{
         unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     },
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use tracing::{info, warn};
@@ -54,9 +54,6 @@ impl PinPaths {
 /// second), and well under a container runtime's CNI timeout (30 s and more), so a stuck
 /// holder produces an error that names it instead of a plugin killed without a word.
 pub const PIN_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest pause between two attempts at a contended lock.
-const LOCK_POLL_MAX: Duration = Duration::from_millis(20);
-
 /// Exclusive lock on the pin root, released when the descriptor closes on drop.
 pub(crate) struct Lock {
     _dir: File,
@@ -64,6 +61,10 @@ pub(crate) struct Lock {
 
 impl Lock {
     pub(crate) fn exclusive(root: &Path) -> Result<Self, DatapathError> {
+        Self::exclusive_within(root, PIN_LOCK_TIMEOUT)
+    }
+
+    fn exclusive_within(root: &Path, deadline: Duration) -> Result<Self, DatapathError> {
         // No symlink is followed: the directory checked is the one locked.
         let dir = OpenOptions::new()
             .read(true)
@@ -77,30 +78,49 @@ impl Lock {
             .metadata()
             .map_err(|e| DatapathError::io("stat", root, e))?;
         check_owner(root, &md)?;
-        let start = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            // SAFETY: flock on a valid, owned file descriptor.
-            let rc = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(Self { _dir: dir });
-            }
-            let err = std::io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EWOULDBLOCK) => {}
-                Some(libc::EINTR) => continue,
-                _ => return Err(DatapathError::io("lock", root, err)),
-            }
-            let waited = start.elapsed();
-            if waited >= PIN_LOCK_TIMEOUT {
-                return Err(DatapathError::LockTimeout {
-                    root: root.to_owned(),
-                    waited: PIN_LOCK_TIMEOUT,
-                    holder: lock_holder(md.dev(), md.ino()),
-                });
-            }
-            std::thread::sleep(pause.min(PIN_LOCK_TIMEOUT - waited));
-            pause = (pause * 2).min(LOCK_POLL_MAX);
+        match flock(&dir, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => return Ok(Self { _dir: dir }),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+            Err(e) => return Err(DatapathError::io("lock", root, e)),
+        }
+        // Contended: wait in the kernel's queue, which hands the lock over the moment it is
+        // released (polling left it idle while waiters slept, and a burst of ADDs queued
+        // behind those pauses). The blocking call runs on a thread so that the wait has a
+        // deadline. Its descriptor shares this one's open file, whose lock this is: past the
+        // deadline nobody takes the lock from the thread, which then closes the open file's
+        // last descriptor and so releases it.
+        let waiter = dir
+            .try_clone()
+            .map_err(|e| DatapathError::io("dup", root, e))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("pin-lock".to_owned())
+            .spawn(move || {
+                let _ = tx.send(flock(&waiter, libc::LOCK_EX));
+            })
+            .map_err(|e| DatapathError::io("spawn lock waiter for", root, e))?;
+        match rx.recv_timeout(deadline) {
+            Ok(Ok(())) => Ok(Self { _dir: dir }),
+            Ok(Err(e)) => Err(DatapathError::io("lock", root, e)),
+            Err(_) => Err(DatapathError::LockTimeout {
+                root: root.to_owned(),
+                waited: deadline,
+                holder: lock_holder(md.dev(), md.ino()),
+            }),
+        }
+    }
+}
+
+/// `flock(2)` on `file`, retried when a signal interrupts it.
+fn flock(file: &File, op: libc::c_int) -> std::io::Result<()> {
+    loop {
+        // SAFETY: flock on a valid, owned file descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
         }
     }
 }
@@ -238,4 +258,57 @@ fn is_bpffs(path: &Path) -> Result<bool, DatapathError> {
     let st = nix::sys::statfs::statfs(path)
         .map_err(|e| DatapathError::io("statfs", path, std::io::Error::from(e)))?;
     Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(root: &Path) -> File {
+        let f = File::open(root).expect("open");
+        flock(&f, libc::LOCK_EX | libc::LOCK_NB).expect("first lock");
+        f
+    }
+
+    #[test]
+    fn a_contended_lock_is_handed_to_the_waiter_when_released() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let holder = held(dir.path());
+        let root = dir.path().to_owned();
+        let waiter = std::thread::spawn(move || Lock::exclusive(&root).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "took a lock that was held");
+        drop(holder);
+        waiter.join().expect("waiter").expect("lock after release");
+    }
+
+    #[test]
+    fn a_waiter_past_its_deadline_fails_naming_the_holder_and_leaves_the_lock_free() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let holder = held(dir.path());
+        let err = Lock::exclusive_within(dir.path(), Duration::from_millis(100))
+            .err()
+            .expect("a held lock was taken");
+        let DatapathError::LockTimeout { holder: who, .. } = &err else {
+            panic!("unexpected error: {err}");
+        };
+        assert!(
+            who.contains(&std::process::id().to_string()),
+            "holder named as {who:?}"
+        );
+        // The abandoned wait gets the lock once it is released, and gives it up at once.
+        drop(holder);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let f = File::open(dir.path()).expect("open");
+            if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_ok() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the lock stayed taken after its holder and its timed-out waiter let go"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
