@@ -131,7 +131,7 @@ fn non_ip_passes_and_is_counted_as_other() {
     let mut f = Fixture::with_policy();
     let arp = arp_request();
     // Ethertype says IPv6 but the version is 4: ipv6_rcv drops it, we pass it unclassified.
-    let mut v6 = Ip6::new(ip6("fd00:99::1"), ip6("fd00:ec2::254")).build();
+    let mut v6 = Ip::new(ip6("fd00:99::1"), ip6("fd00:ec2::254")).build();
     v6[ETH_HLEN] = 0x40;
     // Ethertype says IPv4 but the header is bad (IHL 3): the stack drops it, we pass it.
     let mut bad = Ip::new(POD_IP, ip("169.254.169.254")).build();

@@ -15,12 +15,12 @@ use aliasnet_ebpf::abi::{self, Class::*, Direction::*};
 #[test]
 fn pod_egress_internal_internet_blocked_by_longest_prefix() {
     let mut f = Fixture::with_policy();
-    let internal = Ip6::new(POD_IP6, ip6("fd00:240:1::9")).build();
-    let internet = Ip6::new(POD_IP6, ip6("2001:db8::10")).build();
-    let metadata = Ip6::new(POD_IP6, ip6("fd00:ec2::254")).build();
-    let blocked = Ip6::new(POD_IP6, ip6("fd00:99:1::1")).build();
+    let internal = Ip::new(POD_IP6, ip6("fd00:240:1::9")).build();
+    let internet = Ip::new(POD_IP6, ip6("2001:db8::10")).build();
+    let metadata = Ip::new(POD_IP6, ip6("fd00:ec2::254")).build();
+    let blocked = Ip::new(POD_IP6, ip6("fd00:99:1::1")).build();
     // fd00:99:7::/48 (internal) is inside fd00:99::/32 (blocked): the longer one wins.
-    let carved_out = Ip6::new(POD_IP6, ip6("fd00:99:7::1")).build();
+    let carved_out = Ip::new(POD_IP6, ip6("fd00:99:7::1")).build();
     // 14 + 40 + 8 + 100.
     assert_eq!(internal.len(), 162);
     f.expect_verdicts(
@@ -47,9 +47,9 @@ fn pod_egress_internal_internet_blocked_by_longest_prefix() {
 #[test]
 fn pod_ingress_is_classed_on_the_source() {
     let mut f = Fixture::with_policy();
-    let from_internal = Ip6::new(ip6("fd00:100::2"), POD_IP6).build();
-    let from_internet = Ip6::new(ip6("2001:db8::10"), POD_IP6).build();
-    let from_blocked = Ip6::new(ip6("fd00:99::1"), POD_IP6).build();
+    let from_internal = Ip::new(ip6("fd00:100::2"), POD_IP6).build();
+    let from_internet = Ip::new(ip6("2001:db8::10"), POD_IP6).build();
+    let from_blocked = Ip::new(ip6("fd00:99::1"), POD_IP6).build();
     f.expect_verdicts(
         programs::HOST_EGRESS,
         &[
@@ -73,7 +73,7 @@ fn pod_ingress_is_classed_on_the_source() {
 fn the_families_do_not_mix() {
     let mut f = Fixture::with_policy();
     // ::ffff:10.1.2.3 is IPv6 outside fd00::/8, not the IPv4 10.0.0.0/8: internet.
-    let mapped = Ip6::new(POD_IP6, ip6("::ffff:10.1.2.3")).build();
+    let mapped = Ip::new(POD_IP6, ip6("::ffff:10.1.2.3")).build();
     // An IPv6 prefix does not match an IPv4 address with the same leading bits (fd00::/8
     // vs 253.0.0.0).
     let v4 = Ip::new(POD_IP, ip("253.0.0.1")).build();
@@ -93,13 +93,13 @@ fn extension_headers_are_walked_to_the_transport_header() {
     // Hop-by-hop (8), routing (16), destination options (24) before TCP: a GSO skb of 3
     // segments counts the 14 + 40 + 48 + 32 header bytes on every segment, which it can
     // only do with the TCP header found behind the extensions.
-    let pkt = Ip6 {
+    let pkt = Ip {
         ext: vec![
             ext_opts(NEXTHDR_HOP, 1),
             ext_opts(NEXTHDR_ROUTING, 2),
             ext_opts(NEXTHDR_DEST, 3),
         ],
-        ..tcp6(POD_IP6, ip6("2001:db8::10"), 3000)
+        ..tcp(POD_IP6, ip6("2001:db8::10"), 3000)
     }
     .build();
     let hdrs = 14 + 40 + 48 + 32;
@@ -118,23 +118,23 @@ fn extension_headers_are_walked_to_the_transport_header() {
 #[test]
 fn fragments_and_too_many_extensions_are_classed_by_address() {
     let mut f = Fixture::with_policy();
-    let first = Ip6 {
+    let first = Ip {
         ext: vec![ext_frag(0, true)],
-        ..tcp6(POD_IP6, ip6("2001:db8::10"), 100)
+        ..tcp(POD_IP6, ip6("2001:db8::10"), 100)
     }
     .build();
-    let later = Ip6 {
+    let later = Ip {
         ext: vec![ext_frag(185, false)],
         proto: 17,
         payload: vec![0xee; 60],
-        ..Ip6::new(POD_IP6, ip6("fd00:ec2::254"))
+        ..Ip::new(POD_IP6, ip6("fd00:ec2::254"))
     }
     .build();
     // Seven destination-options headers: more than the walk takes. Still classed (and
     // blocked) by its addresses.
-    let deep = Ip6 {
+    let deep = Ip {
         ext: (0..7).map(|_| ext_opts(NEXTHDR_DEST, 1)).collect(),
-        ..tcp6(POD_IP6, ip6("fd00:99::1"), 10)
+        ..tcp(POD_IP6, ip6("fd00:99::1"), 10)
     }
     .build();
     f.expect_verdicts(
@@ -157,11 +157,11 @@ fn fragments_and_too_many_extensions_are_classed_by_address() {
 #[test]
 fn forged_ipv6_sources_are_dropped_and_neighbour_discovery_passes() {
     let mut f = Fixture::with_policy();
-    let forged = Ip6::new(ip6("fd00:240::6"), ip6("2001:db8::10")).build();
+    let forged = Ip::new(ip6("fd00:240::6"), ip6("2001:db8::10")).build();
     // A link-local source is only for the link: to a routed destination it is forged.
-    let ll_out = Ip6::new(POD_LL, ip6("2001:db8::10")).build();
-    let unspecified_out = Ip6::new(ip6("::"), ip6("fd00:240:1::9")).build();
-    let own = Ip6::new(POD_IP6, ip6("2001:db8::10")).build();
+    let ll_out = Ip::new(POD_LL, ip6("2001:db8::10")).build();
+    let unspecified_out = Ip::new(ip6("::"), ip6("fd00:240:1::9")).build();
+    let own = Ip::new(POD_IP6, ip6("2001:db8::10")).build();
     // What the pod needs to reach its gateway fe80::1: resolve it (multicast NS, unicast NS
     // for reachability), answer the gateway's NS, DAD from the unspecified address, and
     // resolution from its global address too.
@@ -228,11 +228,11 @@ fn pod_egress_and_uplink_select_the_htb_class() {
     let ctx = prio_ctx(6);
     let cases = [
         (
-            Ip6::new(POD_IP6, ip6("2001:db8::10")).build(),
+            Ip::new(POD_IP6, ip6("2001:db8::10")).build(),
             pod_leaf(abi::KIND_INTERNET, abi::LEAF_SPARSE),
         ),
         (
-            Ip6::new(POD_IP6, ip6("fd00:240:1::9")).build(),
+            Ip::new(POD_IP6, ip6("fd00:240:1::9")).build(),
             pod_leaf(abi::KIND_TOTAL, abi::LEAF_SPARSE),
         ),
         // Link-scoped, from an address that does not name the pod: without the filter's
@@ -250,13 +250,13 @@ fn pod_egress_and_uplink_select_the_htb_class() {
     let ctx = prio_ctx(3);
     f.set_node_limit(Egress, abi::KIND_INTERNET, Some(SLOW));
     f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
-    let pod_internet = Ip6::new(POD_IP6, ip6("2001:db8::10")).build();
+    let pod_internet = Ip::new(POD_IP6, ip6("2001:db8::10")).build();
     let shared = abi::classid(abi::node_group(abi::KIND_INTERNET) + abi::GROUP_SHARED);
     let cases = [
         (pod_internet.clone(), shared),
-        (Ip6::new(POD_IP6, ip6("fd00:240:1::9")).build(), 3),
+        (Ip::new(POD_IP6, ip6("fd00:240:1::9")).build(), 3),
         // Not a pod's address: the node's own traffic keeps its priority.
-        (Ip6::new(ip6("fd00:240::6"), ip6("2001:db8::10")).build(), 3),
+        (Ip::new(ip6("fd00:240::6"), ip6("2001:db8::10")).build(), 3),
     ];
     for (pkt, want) in cases {
         let (ret, out) = f.run(programs::UPLINK, &pkt, Some(&ctx));

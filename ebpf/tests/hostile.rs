@@ -169,7 +169,7 @@ fn arp_and_malformed_ip_from_the_pod_still_pass() {
     // frame shorter than the fixed header; the parser's bounded load passes one as other.)
     let arp = arp_request();
     // IPv6 ethertype, version 5.
-    let mut v6 = Ip6::new(ip6("2001:db8::66"), ip6("fd00:ec2::254")).build();
+    let mut v6 = Ip::new(ip6("2001:db8::66"), ip6("fd00:ec2::254")).build();
     v6[ETH_HLEN] = 0x50;
     let mut bad_ihl = Ip::new(Ipv4Addr::new(198, 51, 100, 1), INTERNET).build();
     bad_ihl[ETH_HLEN] = 0x43;

@@ -42,7 +42,7 @@ fn limited_fixture() -> Fixture {
 }
 
 /// A SYN with MSS 8940 from the pod to the internet, as an `Ip6` to dress up.
-fn syn() -> Ip6 {
+fn syn() -> Ip {
     let mut seg = vec![0u8; 24];
     seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
     seg[2..4].copy_from_slice(&443u16.to_be_bytes());
@@ -51,12 +51,12 @@ fn syn() -> Ip6 {
     seg[14..16].copy_from_slice(&64240u16.to_be_bytes());
     seg[20..24].copy_from_slice(&[2, 4, 0x22, 0xec]);
     let dst = ip6("2001:db8::10");
-    let c = l4_sum6(POD_IP6, dst, 6, &seg);
+    let c = l4_csum(POD_IP6.into(), dst.into(), 6, &seg);
     seg[16..18].copy_from_slice(&c.to_be_bytes());
-    Ip6 {
+    Ip {
         proto: 6,
         payload: seg,
-        ..Ip6::new(POD_IP6, dst)
+        ..Ip::new(POD_IP6, dst)
     }
 }
 
@@ -85,14 +85,14 @@ fn malformed_extension_headers_are_never_parsed_as_tcp() {
     long.1[0] = 255;
     cases.push((
         "an extension longer than the packet",
-        Ip6 {
+        Ip {
             ext: vec![long],
             ..syn()
         }
         .build(),
     ));
     // The packet ends inside the extension header chain.
-    let mut cut = Ip6 {
+    let mut cut = Ip {
         ext: vec![ext_opts(NEXTHDR_HOP, 1), ext_opts(NEXTHDR_DEST, 1)],
         ..syn()
     }
@@ -103,7 +103,7 @@ fn malformed_extension_headers_are_never_parsed_as_tcp() {
     // ends the walk, it never loops.
     cases.push((
         "seven destination-options headers",
-        Ip6 {
+        Ip {
             ext: (0..7).map(|_| ext_opts(NEXTHDR_DEST, 1)).collect(),
             ..syn()
         }
@@ -112,7 +112,7 @@ fn malformed_extension_headers_are_never_parsed_as_tcp() {
     // Routing headers pointing at each other's type: still a bounded walk.
     cases.push((
         "a chain of routing headers",
-        Ip6 {
+        Ip {
             ext: (0..12).map(|_| ext_opts(NEXTHDR_ROUTING, 1)).collect(),
             ..syn()
         }
@@ -122,7 +122,7 @@ fn malformed_extension_headers_are_never_parsed_as_tcp() {
     for (offset, more) in [(0, true), (185, true), (185, false)] {
         cases.push((
             "a fragment",
-            Ip6 {
+            Ip {
                 ext: vec![ext_frag(offset, more)],
                 ..syn()
             }
@@ -146,9 +146,9 @@ fn bogus_payload_lengths_are_classified_by_address() {
     let mut f = limited_fixture();
     // The payload length is not what the walk trusts: it reads what is in the packet.
     for plen in [0u16, 1, 0xffff] {
-        let pkt = Ip6 {
+        let pkt = Ip {
             payload_len: Some(plen),
-            ..Ip6::new(POD_IP6, ip6("fd00:ec2::254"))
+            ..Ip::new(POD_IP6, ip6("fd00:ec2::254"))
         }
         .build();
         assert_eq!(
@@ -177,13 +177,13 @@ fn from_the_pod(f: &mut Fixture, pkt: &[u8]) -> (u32, u64, u64, u64) {
 }
 
 /// An ICMPv6 message of `kind` (no body beyond its 4-byte rest) with a valid checksum.
-fn icmp6(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr, kind: u8) -> Ip6 {
+fn icmp6(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr, kind: u8) -> Ip {
     let mut icmp = vec![kind, 0, 0, 0, 0, 0, 0, 0];
-    let c = l4_sum6(src, dst, NEXTHDR_ICMPV6, &icmp);
+    let c = l4_csum(src.into(), dst.into(), NEXTHDR_ICMPV6, &icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    Ip6 {
+    Ip {
         payload: icmp,
-        ..Ip6::new(src, dst)
+        ..Ip::new(src, dst)
     }
 }
 
@@ -217,7 +217,7 @@ fn a_pod_speaks_on_the_link_only_from_its_own_link_local_address() {
         assert_eq!((ret, spoofed), (TC_ACT_SHOT, i as u64 + 1), "{src}");
     }
     // A link-local source off the link is spoofed as before.
-    let (ret, ..) = from_the_pod(&mut f, &Ip6::new(POD_LL, ip6("2001:db8::10")).build());
+    let (ret, ..) = from_the_pod(&mut f, &Ip::new(POD_LL, ip6("2001:db8::10")).build());
     assert_eq!(ret, TC_ACT_SHOT);
     // A pod whose link-local address is unknown (attached by an older plugin) may use none.
     let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
@@ -250,12 +250,12 @@ fn the_gateway_takes_from_a_pod_only_what_it_needs_of_the_link() {
     }
     // The node's own services on its link-local address: a kubelet port, a DNS query, a
     // ping; multicast services (mDNS, LLMNR); from the pod's global address too.
-    let mut kubelet = tcp6(POD_LL, GATEWAY_LL, 0);
+    let mut kubelet = tcp(POD_LL, GATEWAY_LL, 0);
     kubelet.payload[2..4].copy_from_slice(&10250u16.to_be_bytes());
-    let mut dns = Ip6::new(POD_IP6, GATEWAY_LL);
+    let mut dns = Ip::new(POD_IP6, GATEWAY_LL);
     dns.proto = 17;
     dns.payload = vec![0x9c, 0x40, 0, 53, 0, 8, 0, 0];
-    let mut mdns = Ip6::new(POD_LL, ip6("ff02::fb"));
+    let mut mdns = Ip::new(POD_LL, ip6("ff02::fb"));
     mdns.proto = 17;
     mdns.payload = vec![0x14, 0xe9, 0x14, 0xe9, 0, 8, 0, 0];
     let denied = [
@@ -265,7 +265,7 @@ fn the_gateway_takes_from_a_pod_only_what_it_needs_of_the_link() {
             "UDP to the gateway from the pod's global address",
         ),
         (
-            Ip6::new(POD_LL, GATEWAY_LL).build(),
+            Ip::new(POD_LL, GATEWAY_LL).build(),
             "echo request to the gateway",
         ),
         (mdns.build(), "mDNS"),
@@ -284,14 +284,14 @@ fn the_gateway_takes_from_a_pod_only_what_it_needs_of_the_link() {
         );
     }
     // A fragmented solicitation hides its type from a fragment that follows: dropped.
-    let frag = Ip6 {
+    let frag = Ip {
         ext: vec![ext_frag(0, true)],
         ..icmp6(POD_LL, GATEWAY_LL, 135)
     };
     let (ret, _, _, gw) = from_the_pod(&mut f, &frag.build());
     assert_eq!((ret, gw), (TC_ACT_SHOT, denied.len() as u64 + 1));
     // Pod-to-pod and internet traffic is not the link's: untouched.
-    let (ret, _, nd, gw) = from_the_pod(&mut f, &Ip6::new(POD_IP6, ip6("2001:db8::10")).build());
+    let (ret, _, nd, gw) = from_the_pod(&mut f, &Ip::new(POD_IP6, ip6("2001:db8::10")).build());
     assert_eq!((ret, nd, gw), (TC_ACT_UNSPEC, 0, denied.len() as u64 + 1));
 }
 

@@ -18,9 +18,9 @@ const CE: u8 = 3;
 
 /// A full-size TCP frame over IPv6 (1514 bytes on the wire) with DSCP 8 and `ecn`.
 fn frame(src: Ipv6Addr, dst: Ipv6Addr, ecn: u8) -> Vec<u8> {
-    let p = Ip6 {
-        tc: 0x20 | ecn,
-        ..tcp6(src, dst, 1428)
+    let p = Ip {
+        tos: 0x20 | ecn,
+        ..tcp(src, dst, 1428)
     }
     .build();
     assert_eq!(p.len(), 1514);
@@ -82,9 +82,9 @@ fn gso_skbs_charge_their_ipv6_headers_per_segment() {
     let mut f = Fixture::with_policy();
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     // 3 segments of 1000 bytes behind 14 + 40 + 8 (hop-by-hop) + 32 header bytes each.
-    let pkt = Ip6 {
+    let pkt = Ip {
         ext: vec![ext_opts(NEXTHDR_HOP, 1)],
-        ..tcp6(ip6("2001:db8::10"), POD_IP6, 3000)
+        ..tcp(ip6("2001:db8::10"), POD_IP6, 3000)
     }
     .build();
     let wire = 3 * (14 + 40 + 8 + 32 + 1000);
@@ -160,7 +160,7 @@ fn ipv6_flows_are_isolated_by_their_five_tuple() {
         .map(|i| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i))
         .find(|a| flow_bucket6(*a, POD_IP6, [0; 4], 58) != download)
         .expect("a remote in another bucket");
-    let ping = Ip6::new(other, POD_IP6).build();
+    let ping = Ip::new(other, POD_IP6).build();
     let leaf = |f: &Fixture, pkt: &[u8]| {
         let (ret, ctx) = f.run(programs::HOST_EGRESS, pkt, None);
         assert_eq!(ret, TC_ACT_UNSPEC);
@@ -179,5 +179,5 @@ fn ipv6_flows_are_isolated_by_their_five_tuple() {
         .map(|i| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i))
         .find(|a| flow_bucket6(*a, POD_IP6, [0; 4], 58) == download)
         .expect("a remote in the download's bucket");
-    assert_eq!(leaf(&f, &Ip6::new(same, POD_IP6).build()), bulk_leaf);
+    assert_eq!(leaf(&f, &Ip::new(same, POD_IP6).build()), bulk_leaf);
 }

@@ -51,13 +51,13 @@ fn seg6(
     seg[13] = flags;
     seg[14..16].copy_from_slice(&window.to_be_bytes());
     seg.extend(opts);
-    let c = l4_sum6(src, dst, 6, &seg);
+    let c = l4_csum(src.into(), dst.into(), 6, &seg);
     seg[16..18].copy_from_slice(&c.to_be_bytes());
-    Ip6 {
+    Ip {
         proto: 6,
         ext: ext.to_vec(),
         payload: seg,
-        ..Ip6::new(src, dst)
+        ..Ip::new(src, dst)
     }
     .build()
 }
@@ -73,7 +73,11 @@ fn checked_segment(pkt: &[u8], ext_len: usize) -> &[u8] {
     let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).expect("16 bytes"));
     let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).expect("16 bytes"));
     let seg = &ip[40 + ext_len..];
-    assert_eq!(l4_sum6(src, dst, 6, seg), 0, "TCP checksum broken");
+    assert_eq!(
+        l4_csum(src.into(), dst.into(), 6, seg),
+        0,
+        "TCP checksum broken"
+    );
     seg
 }
 
