@@ -1,167 +1,7 @@
-//! `BPF_PROG_TEST_RUN` tests of malformed IPv6 from a pod: truncated and overlong extension
-//! headers, more of them than the walk takes, fragments, bogus payload lengths. None of them
-//! is parsed as TCP (no rewrite, nothing learnt), none crashes or is misclassified: each is
-//! classified by its addresses and passed (or dropped if blocked).
-//!
-//! Needs root (loads BPF programs); touches no network state.
+//! IPv6 only: what a pod may send on its link. Its link-local source, the gateway's
+//! link-local address, neighbour discovery and its budget.
 
-mod common;
-
-use aliasnet_ebpf::{abi, maps, programs};
-use aya::maps::HashMap;
-use common::*;
-
-use abi::{Class::*, Direction::*};
-
-const SYN: u8 = 0x02;
-
-/// The pod with an ingress limit on a jumbo-frame device: a well-formed SYN from it has its
-/// MSS lowered and is learnt, so a malformed one that is not shows it was not parsed.
-fn limited_fixture() -> Fixture {
-    let mut f = Fixture::with_policy();
-    f.update_meta(|m| {
-        m.flags = abi::META_IN_USE;
-        set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, 10_000_000);
-        m.frame = 9014;
-    });
-    let mut pods: HashMap<_, u32, abi::Pod> = f.map(maps::PODS);
-    pods.insert(
-        TEST_IFINDEX,
-        abi::Pod {
-            slot: SLOT,
-            flags: 0,
-            ipv4: POD_IP.octets(),
-            ipv6: POD_IP6.octets(),
-            ipv6_ll: POD_LL.octets(),
-            ..Default::default()
-        },
-        0,
-    )
-    .expect("register pod");
-    f
-}
-
-/// A SYN with MSS 8940 from the pod to the internet, as an `Ip6` to dress up.
-fn syn() -> Ip {
-    let mut seg = vec![0u8; 24];
-    seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
-    seg[2..4].copy_from_slice(&443u16.to_be_bytes());
-    seg[12] = 6 << 4;
-    seg[13] = SYN;
-    seg[14..16].copy_from_slice(&64240u16.to_be_bytes());
-    seg[20..24].copy_from_slice(&[2, 4, 0x22, 0xec]);
-    let dst = ip6("2001:db8::10");
-    let c = l4_csum(POD_IP6.into(), dst.into(), 6, &seg);
-    seg[16..18].copy_from_slice(&c.to_be_bytes());
-    Ip {
-        proto: 6,
-        payload: seg,
-        ..Ip::new(POD_IP6, dst)
-    }
-}
-
-fn conns(f: &mut Fixture) -> usize {
-    let m: HashMap<_, abi::ConnKey, abi::Conn> = f.map(maps::CONNS);
-    m.keys().count()
-}
-
-#[test]
-fn a_well_formed_ipv6_syn_is_clamped_and_learnt() {
-    // The control for the cases below.
-    let mut f = limited_fixture();
-    let pkt = syn().build();
-    let (ret, out) = f.run_data(programs::HOST_INGRESS, &pkt, None);
-    assert_eq!(ret, TC_ACT_UNSPEC);
-    assert_ne!(out, pkt, "MSS lowered");
-    assert_eq!(conns(&mut f), 1);
-}
-
-#[test]
-fn malformed_extension_headers_are_never_parsed_as_tcp() {
-    let mut f = limited_fixture();
-    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
-    // A hop-by-hop header claiming 2048 bytes: the TCP header is not where it says.
-    let mut long = ext_opts(NEXTHDR_HOP, 1);
-    long.1[0] = 255;
-    cases.push((
-        "an extension longer than the packet",
-        Ip {
-            ext: vec![long],
-            ..syn()
-        }
-        .build(),
-    ));
-    // The packet ends inside the extension header chain.
-    let mut cut = Ip {
-        ext: vec![ext_opts(NEXTHDR_HOP, 1), ext_opts(NEXTHDR_DEST, 1)],
-        ..syn()
-    }
-    .build();
-    cut.truncate(ETH_HLEN + 40 + 9);
-    cases.push(("a truncated extension chain", cut));
-    // More extension headers than the walk takes: a chain as long as a hostile pod likes
-    // ends the walk, it never loops.
-    cases.push((
-        "seven destination-options headers",
-        Ip {
-            ext: (0..7).map(|_| ext_opts(NEXTHDR_DEST, 1)).collect(),
-            ..syn()
-        }
-        .build(),
-    ));
-    // Routing headers pointing at each other's type: still a bounded walk.
-    cases.push((
-        "a chain of routing headers",
-        Ip {
-            ext: (0..12).map(|_| ext_opts(NEXTHDR_ROUTING, 1)).collect(),
-            ..syn()
-        }
-        .build(),
-    ));
-    // Fragments: first (ports not read, as for IPv4) and later ones that look like a SYN.
-    for (offset, more) in [(0, true), (185, true), (185, false)] {
-        cases.push((
-            "a fragment",
-            Ip {
-                ext: vec![ext_frag(offset, more)],
-                ..syn()
-            }
-            .build(),
-        ));
-    }
-    for (what, pkt) in &cases {
-        f.passes_untouched(pkt, what);
-    }
-    assert_eq!(conns(&mut f), 0, "nothing learnt");
-    // Each was classed by its addresses (internet) on the host veth, both directions' programs
-    // having seen it once from the pod's side.
-    assert_eq!(
-        f.counters().get(Egress, Internet).packets,
-        cases.len() as u64
-    );
-}
-
-#[test]
-fn bogus_payload_lengths_are_classified_by_address() {
-    let mut f = limited_fixture();
-    // The payload length is not what the walk trusts: it reads what is in the packet.
-    for plen in [0u16, 1, 0xffff] {
-        let pkt = Ip {
-            payload_len: Some(plen),
-            ..Ip::new(POD_IP6, ip6("fd00:ec2::254"))
-        }
-        .build();
-        assert_eq!(
-            f.run(programs::HOST_INGRESS, &pkt, None).0,
-            TC_ACT_SHOT,
-            "payload length {plen}"
-        );
-    }
-    assert_eq!(f.counters().get(Egress, Blocked).packets, 3);
-    assert_eq!(f.counters().get(Egress, Other).packets, 0);
-}
-
-// ---- the link: the pod's link-local source, the gateway, neighbour discovery --------------
+use super::*;
 
 /// What the pod's host veth did with `pkt` from the pod: its verdict, and the pod's
 /// spoofed, link-budget (nd) and gateway drop counts after it.
@@ -174,17 +14,6 @@ fn from_the_pod(f: &mut Fixture, pkt: &[u8]) -> (u32, u64, u64, u64) {
         c.dropped[abi::DROP_ND].packets,
         c.dropped[abi::DROP_GATEWAY].packets,
     )
-}
-
-/// An ICMPv6 message of `kind` (no body beyond its 4-byte rest) with a valid checksum.
-fn icmp6(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr, kind: u8) -> Ip {
-    let mut icmp = vec![kind, 0, 0, 0, 0, 0, 0, 0];
-    let c = l4_csum(src.into(), dst.into(), NEXTHDR_ICMPV6, &icmp);
-    icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    Ip {
-        payload: icmp,
-        ..Ip::new(src, dst)
-    }
 }
 
 #[test]
@@ -245,7 +74,7 @@ fn the_gateway_takes_from_a_pod_only_what_it_needs_of_the_link() {
         (4, GATEWAY_LL),
     ];
     for (kind, dst) in needed {
-        let (ret, _, nd, gw) = from_the_pod(&mut f, &icmp6(POD_LL, dst, kind).build());
+        let (ret, _, nd, gw) = from_the_pod(&mut f, &icmp6(POD_LL, dst, kind, &[0; 4]).build());
         assert_eq!((ret, nd, gw), (TC_ACT_UNSPEC, 0, 0), "ICMPv6 type {kind}");
     }
     // The node's own services on its link-local address: a kubelet port, a DNS query, a
@@ -270,10 +99,10 @@ fn the_gateway_takes_from_a_pod_only_what_it_needs_of_the_link() {
         ),
         (mdns.build(), "mDNS"),
         (
-            icmp6(POD_LL, GATEWAY_LL, 134).build(),
+            icmp6(POD_LL, GATEWAY_LL, 134, &[0; 4]).build(),
             "router advertisement",
         ),
-        (icmp6(POD_LL, GATEWAY_LL, 137).build(), "redirect"),
+        (icmp6(POD_LL, GATEWAY_LL, 137, &[0; 4]).build(), "redirect"),
     ];
     for (i, (pkt, what)) in denied.iter().enumerate() {
         let (ret, spoofed, nd, gw) = from_the_pod(&mut f, pkt);
@@ -286,7 +115,7 @@ fn the_gateway_takes_from_a_pod_only_what_it_needs_of_the_link() {
     // A fragmented solicitation hides its type from a fragment that follows: dropped.
     let frag = Ip {
         ext: vec![ext_frag(0, true)],
-        ..icmp6(POD_LL, GATEWAY_LL, 135)
+        ..icmp6(POD_LL, GATEWAY_LL, 135, &[0; 4])
     };
     let (ret, _, _, gw) = from_the_pod(&mut f, &frag.build());
     assert_eq!((ret, gw), (TC_ACT_SHOT, denied.len() as u64 + 1));
