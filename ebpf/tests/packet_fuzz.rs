@@ -21,9 +21,9 @@
 //! ethertype announces: frames are cut from there on.
 //!
 //! Needs root (loads BPF programs); touches no network state. The fixture functions used are
-//! `Fixture::{new, prefix, prefix6, run_data, counters, node_counters}` and the packet
-//! builders of `common` (`Ip`, `Ip6`, `ext_opts`, `ext_frag`, `tcp`, `tcp6`,
-//! `neighbour_solicitation`, `arp_request`, `csum`).
+//! `Fixture::{new, prefix, run_data, counters, node_counters}` and the packet builders of
+//! `common` (`Ip`, `ext_opts`, `ext_frag`, `tcp`, `neighbour_solicitation`, `arp_request`,
+//! `csum`).
 
 mod common;
 
@@ -59,10 +59,10 @@ fn fixture() -> Fixture {
         _ => abi::CLASS_INTERNAL,
     };
     for (a, len, c) in POLICY4 {
-        f.prefix(0, (a.parse().unwrap(), len), code(c));
+        f.prefix(0, (ip(a), len), code(c));
     }
     for (a, len, c) in POLICY6 {
-        f.prefix6(0, (a.parse().unwrap(), len), code(c));
+        f.prefix(0, (ip6(a), len), code(c));
     }
     // The node's upload limit, far above anything a test run sends, so that the uplink
     // program stages (and counts) the pods' internet packets without ever dropping one.
@@ -404,9 +404,9 @@ fn ipv6() -> impl Strategy<Value = Vec<u8>> {
                 return neighbour_solicitation(src, dst, POD_LL);
             }
             let mut ip = if l4 == 1 {
-                tcp6(src, dst, len)
+                tcp(src, dst, len)
             } else {
-                Ip6::new(src, dst)
+                Ip::new(src, dst)
             };
             ip.ext = ext;
             ip.build()
@@ -561,7 +561,7 @@ fn mutated_packets_through_every_program() {
 #[test]
 fn every_truncation_of_well_formed_packets() {
     let mut f = fixture();
-    let mut chain = Ip6::new(POD_IP6, "2001:db8::1".parse().unwrap());
+    let mut chain = Ip::new(POD_IP6, ip6("2001:db8::1"));
     chain.ext = vec![
         ext_opts(NEXTHDR_HOP, 1),
         ext_opts(NEXTHDR_DEST, 2),
@@ -569,15 +569,15 @@ fn every_truncation_of_well_formed_packets() {
         ext_frag(0, true),
     ];
     let whole = [
-        tcp(POD_IP, "203.0.113.9".parse().unwrap(), 0).build(),
+        tcp(POD_IP, ip("203.0.113.9"), 0).build(),
         Ip {
             options: vec![1; 40],
-            ..Ip::new(POD_IP, "10.99.1.1".parse().unwrap())
+            ..Ip::new(POD_IP, ip("10.99.1.1"))
         }
         .build(),
-        tcp6(POD_IP6, "fd00:99:7::1".parse().unwrap(), 0).build(),
+        tcp(POD_IP6, ip6("fd00:99:7::1"), 0).build(),
         chain.build(),
-        neighbour_solicitation(POD_LL, "ff02::1:ff00:1".parse().unwrap(), GATEWAY_LL),
+        neighbour_solicitation(POD_LL, ip6("ff02::1:ff00:1"), GATEWAY_LL),
         arp_request(),
     ];
     for p in whole {

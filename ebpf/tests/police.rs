@@ -100,7 +100,7 @@ fn the_internet_limit_polices_only_internet_traffic() {
     assert!(passed <= admitted_at_once(SLOW) + 1, "{passed} passed");
     assert_eq!(f.counters().policed.packets, 100 - passed);
     // IPv6 shares the pod's limits and the backstop's model.
-    let v6 = tcp6(POD_IP6, ip6("2001:db8::9"), 1428).build();
+    let v6 = tcp(POD_IP6, ip6("2001:db8::9"), 1428).build();
     assert_eq!(burst(&f, &v6, 10), 0);
     assert_eq!(f.counters().policed.packets, 110 - passed);
 }

@@ -1,17 +1,32 @@
 //! `BPF_PROG_TEST_RUN` tests of the shaping model: ECN marking above a shaped class's
-//! modelled queue, and flow isolation into the sparse and bulk leaves of a class.
+//! modelled queue (in IPv4's TOS with its header checksum, in IPv6's traffic class), GSO
+//! skbs charged with their headers per segment, and flow isolation by the 5-tuple (IPv6's
+//! addresses folded) into the sparse and bulk leaves of a class. Each test runs for IPv4 and
+//! IPv6 (`name::ipv4`, `name::ipv6`); GSO behind IPv6 extension headers is tested at the end.
 //!
 //! Needs root (loads BPF programs); touches no network state (see `common`).
 
 mod common;
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use aliasnet_ebpf::{abi, maps, programs};
 use aya::maps::Array;
 use common::*;
 
 use abi::{Class::*, Direction::*};
+
+// Each runs for both families: `name::ipv4`, `name::ipv6`.
+per_family!(
+    ingress_limit_ce_marks_ect_packets_above_the_modelled_queue,
+    the_queue_model_counts_in_the_devices_frames,
+    a_gso_packet_is_queued_as_all_its_segments,
+    no_marking_without_a_limit_or_with_ecn_off,
+    pod_egress_marks_against_its_internet_and_total_limits,
+    uplink_marks_above_the_node_cap,
+    a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow,
+    every_shaping_point_picks_a_leaf_of_its_class,
+);
 
 // ---- ECN marking above a shaped class's modelled queue ---------------------------------
 
@@ -20,23 +35,54 @@ const ECT1: u8 = 1;
 const ECT0: u8 = 2;
 const CE: u8 = 3;
 
-/// A full-size TCP frame (1514 bytes on the wire) with the given ECN codepoint.
-fn frame(src: Ipv4Addr, dst: Ipv4Addr, ecn: u8) -> Vec<u8> {
+/// A TCP frame of `size` bytes on the wire with DSCP 8 and the given ECN codepoint.
+fn frame_of(src: IpAddr, dst: IpAddr, ecn: u8, size: usize) -> Vec<u8> {
     let p = Ip {
         tos: 0x20 | ecn, // some DSCP, which marking must keep
-        ..tcp(src, dst, 1448)
+        ..tcp(src, dst, Family::of(src).tcp_payload(size))
     }
     .build();
-    assert_eq!(p.len(), 1514);
+    assert_eq!(p.len(), size);
     p
 }
 
-/// The ECN bits of a frame, checking that its IPv4 header checksum is still valid.
-fn ecn_of(pkt: &[u8]) -> u8 {
-    let h = &pkt[ETH_HLEN..ETH_HLEN + 20];
-    assert_eq!(csum(h), 0, "IPv4 header checksum broken");
-    assert_eq!(h[1] & 0xfc, 0x20, "DSCP changed");
-    h[1] & 3
+/// A full-size TCP frame (1514 bytes on the wire) with the given ECN codepoint.
+fn frame(src: IpAddr, dst: IpAddr, ecn: u8) -> Vec<u8> {
+    frame_of(src, dst, ecn, 1514)
+}
+
+/// The ECN bits of `pkt` as a program left it, checking that nothing but them changed of
+/// the frame `sent` (and IPv4's header checksum, which must still be valid).
+#[track_caller]
+fn ecn_of(pkt: &[u8], sent: &[u8]) -> u8 {
+    let h = &pkt[ETH_HLEN..];
+    let (tos, mut rest, mut sent_rest) = match h[0] >> 4 {
+        4 => {
+            assert_eq!(csum(&h[..20]), 0, "IPv4 header checksum broken");
+            let (mut a, mut b) = (pkt.to_vec(), sent.to_vec());
+            // The type of service and the header checksum may change.
+            for p in [&mut a, &mut b] {
+                p[ETH_HLEN + 1] = 0;
+                p[ETH_HLEN + 10..ETH_HLEN + 12].fill(0);
+            }
+            (h[1], a, b)
+        }
+        6 => {
+            let (mut a, mut b) = (pkt.to_vec(), sent.to_vec());
+            // The traffic class is the low nibble of byte 0 and the high one of byte 1.
+            for p in [&mut a, &mut b] {
+                p[ETH_HLEN] &= 0xf0;
+                p[ETH_HLEN + 1] &= 0x0f;
+            }
+            ((h[0] << 4) | (h[1] >> 4), a, b)
+        }
+        v => panic!("IP version {v}"),
+    };
+    assert_eq!(tos & 0xfc, 0x20, "DSCP changed");
+    rest.truncate(sent.len());
+    sent_rest.truncate(sent.len());
+    assert_eq!(rest, sent_rest, "more than the ECN bits changed");
+    tos & 3
 }
 
 /// Sends `n` frames back to back through `prog`; returns the ECN bits each left with.
@@ -45,21 +91,30 @@ fn burst(f: &Fixture, prog: &str, pkt: &[u8], n: usize) -> Vec<u8> {
         .map(|_| {
             let (ret, out) = f.run_data(prog, pkt, None);
             assert_eq!(ret, TC_ACT_UNSPEC);
-            ecn_of(&out)
+            ecn_of(&out, pkt)
         })
         .collect()
 }
 
-#[test]
-fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
+/// A remote on the internet, and an internal address.
+fn internet(fam: Family) -> IpAddr {
+    fam.addr("203.0.113.9", "2001:db8::10")
+}
+
+fn internal(fam: Family) -> IpAddr {
+    fam.addr("10.1.2.3", "fd00:240:1::9")
+}
+
+fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue(fam: Family) {
     let mut f = Fixture::with_policy();
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
-    let from_internet = ip("203.0.113.9");
-    let ect = frame(from_internet, POD_IP, ECT0);
+    let (remote, pod) = (internet(fam), fam.pod());
+    let ect = frame(remote, pod, ECT0);
 
     // The class's HTB burst (4 frames at this rate) leaves at once: the model gives it as
     // credit. After it, back to back at 1 Mbit/s each frame adds 12.1 ms to the modelled
-    // queue: the next three wait 0, 1 and 2 frames, never above the 24.2 ms (2 frames) mark.
+    // queue: the next three wait 0, 1 and 2 frames, never above the 24.2 ms (2 frames)
+    // mark.
     let got = burst(&f, programs::HOST_EGRESS, &ect, 12);
     assert_eq!(&got[..7], &[ECT0; 7], "marked below the threshold: {got:?}");
     // From the eighth on the modelled wait is above 2 frames (less whatever time the test
@@ -70,30 +125,17 @@ fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
         "not marked above the threshold: {got:?}"
     );
     let marked = got.iter().filter(|&&e| e == CE).count() as u64;
+    let vq = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
+    assert_eq!(vq.ce_marked, marked);
 
     // With the queue full: ECT(1) is marked as well, Not-ECT cannot be and passes as is,
     // an already-CE packet stays CE and is not counted again.
-    let got = burst(
-        &f,
-        programs::HOST_EGRESS,
-        &frame(from_internet, POD_IP, ECT1),
-        1,
-    );
+    let got = burst(&f, programs::HOST_EGRESS, &frame(remote, pod, ECT1), 1);
     assert_eq!(got, [CE]);
     // Its sender is remote: a Not-ECT packet is never dropped here, only left as it is.
-    let got = burst(
-        &f,
-        programs::HOST_EGRESS,
-        &frame(from_internet, POD_IP, NOT_ECT),
-        1,
-    );
+    let got = burst(&f, programs::HOST_EGRESS, &frame(remote, pod, NOT_ECT), 1);
     assert_eq!(got, [NOT_ECT]);
-    let got = burst(
-        &f,
-        programs::HOST_EGRESS,
-        &frame(from_internet, POD_IP, CE),
-        1,
-    );
+    let got = burst(&f, programs::HOST_EGRESS, &frame(remote, pod, CE), 1);
     assert_eq!(got, [CE]);
 
     let vq = f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL));
@@ -104,41 +146,30 @@ fn ingress_limit_ce_marks_ect_packets_above_the_modelled_queue() {
         expect(&[(Ingress, Internet, c(15, 15 * 1514))])
     );
     // The pod's egress direction has no ingress limit and no queue.
-    let got = burst(
-        &f,
-        programs::HOST_INGRESS,
-        &frame(POD_IP, from_internet, ECT0),
-        10,
-    );
+    let got = burst(&f, programs::HOST_INGRESS, &frame(pod, remote, ECT0), 10);
     assert_eq!(got, [ECT0; 10]);
 }
 
-#[test]
-fn the_queue_model_counts_in_the_devices_frames() {
+fn the_queue_model_counts_in_the_devices_frames(fam: Family) {
     // A pod on a jumbo-frame MTU: its credit, marking threshold and queue limit are in its
     // own frames. With 1514-byte floors every jumbo frame would be over the threshold.
-    // (BPF_PROG_TEST_RUN takes at most a page per packet: a 3000-byte MTU stands for 9000.)
+    // (BPF_PROG_TEST_RUN takes at most a page per packet: a 3000-byte MTU stands for
+    // 9000.)
     let mut f = Fixture::with_policy();
     f.update_meta(|m| {
         set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW);
         m.frame = 3014;
     });
-    let jumbo = Ip {
-        tos: 0x20 | ECT0,
-        ..tcp(ip("203.0.113.9"), POD_IP, 2948)
-    }
-    .build();
-    assert_eq!(jumbo.len(), 3014);
-    // Credit: four of the class's 1514-byte segments (6056 bytes, two of these frames); mark
-    // above two frames. Back to back the first four wait at most two frames, from the sixth
-    // on each waits longer.
+    let jumbo = frame_of(internet(fam), fam.pod(), ECT0, 3014);
+    // Credit: four of the class's 1514-byte segments (6056 bytes, two of these frames);
+    // mark above two frames. Back to back the first four wait at most two frames, from
+    // the sixth on each waits longer.
     let got = burst(&f, programs::HOST_EGRESS, &jumbo, 12);
     assert_eq!(&got[..4], &[ECT0; 4], "marked below the threshold: {got:?}");
     assert_eq!(&got[5..], &[CE; 7], "not marked above it: {got:?}");
 }
 
-#[test]
-fn a_gso_packet_is_queued_as_all_its_segments() {
+fn a_gso_packet_is_queued_as_all_its_segments(fam: Family) {
     let mut f = Fixture::with_policy();
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     let idx = abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL);
@@ -146,26 +177,27 @@ fn a_gso_packet_is_queued_as_all_its_segments() {
     burst(
         &f,
         programs::HOST_EGRESS,
-        &frame(ip("203.0.113.9"), POD_IP, ECT0),
+        &frame(internet(fam), fam.pod(), ECT0),
         1,
     );
     let before = f.vqueue(idx).t_empty;
-    // One skb carrying 3 segments of 1000 bytes: 3 wire frames of 66 + 1000 bytes.
+    // One skb carrying 3 segments of 1000 bytes: 3 wire frames of 66 (86) + 1000 bytes.
     let gso = Ip {
         tos: 0x20 | ECT0,
-        ..tcp(ip("203.0.113.9"), POD_IP, 3000)
+        ..tcp(internet(fam), fam.pod(), 3000)
     }
     .build();
     f.run_data(programs::HOST_EGRESS, &gso, Some(&gso_ctx(3, 1000)));
-    // It occupies the class for the time of 3 * 1066 bytes at 1 Mbit/s, not of skb->len.
+    // It occupies the class for the time of 3 segments with their headers at 1 Mbit/s,
+    // not of skb->len.
+    let wire = 3 * (ETH_HLEN + fam.ip_hlen() + 32 + 1000) as u64;
     let added = f.vqueue(idx).t_empty - before;
-    assert_eq!(added, 3 * 1066 * 8 * 1_000_000_000 / SLOW);
+    assert_eq!(added, wire * 8 * 1_000_000_000 / SLOW);
 }
 
-#[test]
-fn no_marking_without_a_limit_or_with_ecn_off() {
+fn no_marking_without_a_limit_or_with_ecn_off(fam: Family) {
     let mut f = Fixture::bench_with_policy();
-    let ect = frame(ip("203.0.113.9"), POD_IP, ECT0);
+    let ect = frame(internet(fam), fam.pod(), ECT0);
     // No ingress limit: nothing is queued, nothing marked.
     assert_eq!(burst(&f, programs::HOST_EGRESS, &ect, 10), [ECT0; 10]);
     // A limit, but marking switched off in an_config.flags: the model still runs (flow
@@ -187,17 +219,21 @@ fn no_marking_without_a_limit_or_with_ecn_off() {
     assert!(burst(&f, programs::HOST_EGRESS, &ect, 10).contains(&CE));
 }
 
-#[test]
-fn pod_egress_marks_against_its_internet_and_total_limits() {
+fn pod_egress_marks_against_its_internet_and_total_limits(fam: Family) {
     let mut f = Fixture::with_policy();
     f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_INTERNET, SLOW));
-    let internet = frame(POD_IP, ip("203.0.113.9"), ECT0);
-    let internal = frame(POD_IP, ip("10.1.2.3"), ECT0);
+    let pod = fam.pod();
+    let internet_frame = frame(pod, internet(fam), ECT0);
+    let internal_frame = frame(pod, internal(fam), ECT0);
     // Internal traffic is not limited (no total egress limit): never marked.
-    assert_eq!(burst(&f, programs::POD_EGRESS, &internal, 10), [ECT0; 10]);
+    assert_eq!(
+        burst(&f, programs::POD_EGRESS, &internal_frame, 10),
+        [ECT0; 10]
+    );
     // The pod side's FIFO leaf lets the class burst (4 frames at this rate) through at
-    // once: the model gives that much credit, so marking starts later than on the host side.
-    let got = burst(&f, programs::POD_EGRESS, &internet, 8);
+    // once: the model gives that much credit, so marking starts later than on the host
+    // side.
+    let got = burst(&f, programs::POD_EGRESS, &internet_frame, 8);
     assert_eq!(&got[..6], &[ECT0; 6], "{got:?}");
     assert_eq!(got[7], CE, "{got:?}");
     let internet_marks = got.iter().filter(|&&e| e == CE).count() as u64;
@@ -215,13 +251,13 @@ fn pod_egress_marks_against_its_internet_and_total_limits() {
     // pure ACK, a Not-ECT UDP datagram, and a Not-ECT TCP data segment whose socket has
     // nothing in flight (the socket a test run attaches is not a TCP socket). Only a local
     // TCP sender with segments in flight is dropped, which the netns tests show.
-    let tcp_data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
-    let ping = Ip::new(POD_IP, ip("203.0.113.9")).build();
-    let ack = tcp(POD_IP, ip("203.0.113.9"), 0).build();
+    let tcp_data = frame(pod, internet(fam), NOT_ECT);
+    let ping = Ip::new(pod, internet(fam)).build();
+    let ack = tcp(pod, internet(fam), 0).build();
     let udp = Ip {
         proto: 17,
         payload: vec![0x55; 1000],
-        ..Ip::new(POD_IP, ip("203.0.113.9"))
+        ..Ip::new(pod, internet(fam))
     }
     .build();
     for pkt in [&ping, &ack, &udp, &tcp_data] {
@@ -235,35 +271,36 @@ fn pod_egress_marks_against_its_internet_and_total_limits() {
 
     // A total egress limit queues internal traffic as well.
     f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_TOTAL, SLOW));
-    let got = burst(&f, programs::POD_EGRESS, &internal, 8);
+    let got = burst(&f, programs::POD_EGRESS, &internal_frame, 8);
     assert_eq!(got[7], CE, "{got:?}");
     assert!(
         f.vqueue(abi::vq_pod(SLOT, abi::DIR_EGRESS, abi::KIND_TOTAL))
             .ce_marked
             >= 1
     );
-    // Marking never changes the class the packet is shaped in (the flow is backlogged: bulk).
-    let (_, ctx_out) = f.run(programs::POD_EGRESS, &internet, Some(&prio_ctx(6)));
+    // Marking never changes the class the packet is shaped in (the flow is backlogged:
+    // bulk).
+    let (_, ctx_out) = f.run(programs::POD_EGRESS, &internet_frame, Some(&prio_ctx(6)));
     assert_eq!(
         prio_of(&ctx_out),
         pod_leaf(abi::KIND_INTERNET, abi::LEAF_BULK)
     );
 }
 
-#[test]
-fn uplink_marks_above_the_node_cap() {
+fn uplink_marks_above_the_node_cap(fam: Family) {
     let mut f = Fixture::with_policy();
     f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, Some(SLOW));
     let got = burst(
         &f,
         programs::UPLINK,
-        &frame(POD_IP, ip("203.0.113.9"), ECT0),
+        &frame(fam.pod(), internet(fam), ECT0),
         8,
     );
     assert_eq!(&got[..3], &[ECT0; 3], "{got:?}");
     assert_eq!(got[7], CE, "{got:?}");
-    // Traffic that is not the pods' internet traffic is not in the cap class.
-    let other = frame(ip("10.20.0.6"), ip("203.0.113.9"), ECT0);
+    // Traffic that is not the pods' internet traffic (the node's own) is not in the cap
+    // class.
+    let other = frame(fam.addr("10.20.0.6", "fd00:240::6"), internet(fam), ECT0);
     assert_eq!(burst(&f, programs::UPLINK, &other, 10), [ECT0; 10]);
     assert!(
         f.vqueue(abi::vq_agg(
@@ -298,19 +335,50 @@ fn set_flows(f: &mut Fixture, table: u32, edit: impl Fn(&mut abi::Flow)) {
     }
 }
 
-#[test]
-fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
+/// The leaf the host veth's egress program (towards the pod) picks for `pkt`.
+fn leaf(f: &Fixture, pkt: &[u8]) -> u32 {
+    let (ret, ctx) = f.run(programs::HOST_EGRESS, pkt, None);
+    assert_eq!(ret, TC_ACT_UNSPEC);
+    prio_of(&ctx)
+}
+
+/// The flow bucket of a [`frame`] from `remote` to the pod (`abi::flow_bucket`, the
+/// programs' hash; `tcp` sends from port 40000 to 443).
+fn download_bucket(remote: IpAddr, pod: IpAddr) -> u32 {
+    abi::flow_bucket(remote, pod, 6, Some((40000, 443)))
+}
+
+/// The flow bucket of a ping from `remote` to the pod (ICMP has no ports).
+fn ping_bucket(remote: IpAddr, pod: IpAddr) -> u32 {
+    abi::flow_bucket(remote, pod, Family::of(pod).icmp(), None)
+}
+
+/// Internet host `i` (below 512): 203.0.113.i, then 198.51.100.i; 2001:db8::i.
+fn internet_host(fam: Family, i: u16) -> IpAddr {
+    match fam {
+        Family::Ipv4 if i < 256 => IpAddr::from([203, 0, 113, i as u8]),
+        Family::Ipv4 => IpAddr::from([198, 51, 100, i as u8]),
+        Family::Ipv6 => Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i).into(),
+    }
+}
+
+/// An internet host whose pings share the download's bucket (`same`) or not.
+fn pinger(fam: Family, download: u32, same: bool) -> IpAddr {
+    (0x11..0x200)
+        .map(|i| internet_host(fam, i))
+        .find(|a| (ping_bucket(*a, fam.pod()) == download) == same)
+        .expect("a remote")
+}
+
+fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow(fam: Family) {
     let mut f = Fixture::bench_with_policy();
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     let idx = abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL);
     let table = abi::flows_pod(SLOT, abi::DIR_INGRESS);
-    let bulk = frame(ip("203.0.113.9"), POD_IP, NOT_ECT);
-    let ping = Ip::new(ip("203.0.113.10"), POD_IP).build();
-    let leaf = |f: &Fixture, pkt: &[u8]| {
-        let (ret, ctx) = f.run(programs::HOST_EGRESS, pkt, None);
-        assert_eq!(ret, TC_ACT_UNSPEC);
-        prio_of(&ctx)
-    };
+    let bulk = frame(internet(fam), fam.pod(), NOT_ECT);
+    // A ping from a remote whose flow lands in another bucket than the download's.
+    let download = download_bucket(internet(fam), fam.pod());
+    let ping = Ip::new(pinger(fam, download, false), fam.pod()).build();
 
     // A flow's first packets fit its budget of 2 full frames: a new connection starts in
     // the sparse leaf, as in fq_codel. The third full frame back to back does not.
@@ -330,6 +398,10 @@ fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
     for _ in 0..5 {
         assert_eq!(leaf(&f, &ping), INGRESS_SPARSE);
     }
+    // A ping whose flow shares the download's bucket waits behind it (bulk), which shows
+    // that the bucket is the one computed from the whole addresses (IPv6's folded).
+    let same = Ip::new(pinger(fam, download, true), fam.pod()).build();
+    assert_eq!(leaf(&f, &same), INGRESS_BULK);
     // Every packet, sparse or bulk, takes its share of the class's rate in the model.
     let t_empty = f.vqueue(idx).t_empty;
     assert!(t_empty > 0);
@@ -338,16 +410,18 @@ fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
     // the bulk leaf, since a sparse packet would overtake them (reordering).
     set_flows(&mut f, table, |v| v.t_sparse = 0);
     assert_eq!(leaf(&f, &bulk), INGRESS_BULK);
-    // Once its packets have left the bulk leaf (the model says when), it may be sparse again.
+    // Once its packets have left the bulk leaf (the model says when), it may be sparse
+    // again.
     set_flows(&mut f, table, |v| {
         v.t_sparse = 0;
         v.t_bulk = 0;
     });
     assert_eq!(leaf(&f, &bulk), INGRESS_SPARSE);
 
-    // A GSO skb larger than the budget (3 segments of 1066 bytes on the wire) is bulk.
+    // A GSO skb larger than the budget (3 segments of 1066 (1086) bytes on the wire) is
+    // bulk.
     set_flows(&mut f, table, |v| *v = abi::Flow::default());
-    let gso = tcp(ip("203.0.113.9"), POD_IP, 3000).build();
+    let gso = tcp(internet(fam), fam.pod(), 3000).build();
     let (_, out) = f.run(programs::HOST_EGRESS, &gso, Some(&gso_ctx(3, 1000)));
     assert_eq!(prio_of(&out), INGRESS_BULK);
 
@@ -368,15 +442,15 @@ fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow() {
     assert_eq!(leaf(&f, &ping), INGRESS_SPARSE);
 }
 
-#[test]
-fn every_shaping_point_picks_a_leaf_of_its_class() {
+fn every_shaping_point_picks_a_leaf_of_its_class(fam: Family) {
     let mut f = Fixture::with_policy();
     let prio = |f: &Fixture, prog: &str, pkt: &[u8]| prio_of(&f.run(prog, pkt, None).1);
-    let internet_ping = Ip::new(POD_IP, ip("203.0.113.1")).build();
-    let internal_ping = Ip::new(POD_IP, ip("10.1.1.1")).build();
+    let pod = fam.pod();
+    let internet_ping = Ip::new(pod, fam.addr("203.0.113.1", "2001:db8::1")).build();
+    let internal_ping = Ip::new(pod, fam.addr("10.1.1.1", "fd00:240:1::1")).build();
 
-    // Pod eth0, internet limit only: internet pings are sparse in its class; internal traffic
-    // takes HTB's direct queue, unshaped.
+    // Pod eth0, internet limit only: internet pings are sparse in its class; internal
+    // traffic takes HTB's direct queue, unshaped.
     f.update_meta(|m| set_rate(m, abi::Direction::Egress, abi::KIND_INTERNET, SLOW));
     assert_eq!(
         prio(&f, programs::POD_EGRESS, &internet_ping),
@@ -387,7 +461,7 @@ fn every_shaping_point_picks_a_leaf_of_its_class() {
         abi::CLASSID_DIRECT
     );
     // A burst of one internet flow moves to the bulk leaf.
-    let data = frame(POD_IP, ip("203.0.113.9"), NOT_ECT);
+    let data = frame(pod, internet(fam), NOT_ECT);
     let got: Vec<u32> = (0..4)
         .map(|_| prio(&f, programs::POD_EGRESS, &data))
         .collect();
@@ -414,5 +488,46 @@ fn every_shaping_point_picks_a_leaf_of_its_class() {
         got[3],
         abi::classid(abi::node_group(abi::KIND_INTERNET) + abi::GROUP_SHARED),
         "{got:x?}"
+    );
+}
+
+// ---- IPv6 only: GSO behind extension headers ----------------------------------------------
+
+#[test]
+fn gso_skbs_charge_their_ipv6_extension_headers_per_segment() {
+    let mut f = Fixture::with_policy();
+    f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
+    // 3 segments of 1000 bytes behind 14 + 40 + 8 (hop-by-hop) + 32 header bytes each.
+    let pkt = Ip {
+        ext: vec![ext_opts(NEXTHDR_HOP, 1)],
+        ..tcp(ip6("2001:db8::10"), POD_IP6, 3000)
+    }
+    .build();
+    let wire = 3 * (14 + 40 + 8 + 32 + 1000);
+    assert_eq!(
+        f.vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL))
+            .t_empty,
+        0
+    );
+    let start = monotonic_ns();
+    assert_eq!(
+        f.run(programs::HOST_EGRESS, &pkt, Some(&gso_ctx(3, 1000)))
+            .0,
+        TC_ACT_UNSPEC
+    );
+    let end = monotonic_ns();
+    assert_eq!(f.counters(), expect(&[(Ingress, Internet, c(3, wire))]));
+    // The model drains what HTB will charge, every segment with its headers: after an idle
+    // class it starts `credit` (the class's burst, 4 frames) before now and adds the three
+    // segments at the class's rate (8 us a byte at 1 Mbit/s).
+    let t = f
+        .vqueue(abi::vq_pod(SLOT, abi::DIR_INGRESS, abi::KIND_TOTAL))
+        .t_empty;
+    let ns_per_byte = 8 * 1_000_000_000 / SLOW;
+    let credit = abi::DEFAULT_BURST_FRAMES * abi::MIN_FRAME * ns_per_byte;
+    let at = t + credit - wire as u64 * ns_per_byte;
+    assert!(
+        (start..=end).contains(&at),
+        "t_empty {t}: start {at}, test run in {start}..={end}"
     );
 }

@@ -7,9 +7,9 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
-mod v6;
+mod packets;
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use aliasnet_ebpf::{abi, bench_datapath_object, datapath_object, maps, programs};
 use aya::{
@@ -18,7 +18,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 
-pub use v6::*;
+pub use packets::*;
 
 pub const TC_ACT_UNSPEC: u32 = u32::MAX; // -1
 pub const TC_ACT_SHOT: u32 = 2;
@@ -26,7 +26,6 @@ pub const TC_ACT_OK: u32 = 0;
 /// `skb->dev` in BPF_PROG_TEST_RUN is the loopback device unless ctx names another.
 pub const TEST_IFINDEX: u32 = 1;
 pub const SLOT: u32 = 7;
-pub const POD_IP: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 5);
 
 // struct __sk_buff (uapi/linux/bpf.h): the fields a test run may set or read back.
 pub const SKB_SIZE: usize = 192;
@@ -245,13 +244,28 @@ impl Fixture {
         (ret, out)
     }
 
-    pub fn prefix(&mut self, gen: u32, cidr: (Ipv4Addr, u32), class: u32) {
-        let mut trie: LpmTrie<_, abi::LpmKeyData, abi::LpmValue> = self.map(maps::PREFIXES);
-        trie.insert(
-            &Key::new(32 + cidr.1, abi::LpmKeyData::new(gen, cidr.0)),
-            abi::LpmValue { class, reserved: 0 },
-            0,
-        )
+    /// Puts `cidr` in the node policy of generation `gen` (the trie of its family).
+    pub fn prefix(&mut self, gen: u32, cidr: (impl Into<IpAddr>, u32), class: u32) {
+        let value = abi::LpmValue { class, reserved: 0 };
+        match cidr.0.into() {
+            IpAddr::V4(a) => {
+                let mut trie: LpmTrie<_, abi::LpmKeyData, abi::LpmValue> = self.map(maps::PREFIXES);
+                trie.insert(
+                    &Key::new(32 + cidr.1, abi::LpmKeyData::new(gen, a)),
+                    value,
+                    0,
+                )
+            }
+            IpAddr::V6(a) => {
+                let mut trie: LpmTrie<_, abi::Lpm6KeyData, abi::LpmValue> =
+                    self.map(maps::PREFIXES6);
+                trie.insert(
+                    &Key::new(32 + cidr.1, abi::Lpm6KeyData::new(gen, a)),
+                    value,
+                    0,
+                )
+            }
+        }
         .expect("insert prefix");
     }
 
@@ -370,121 +384,61 @@ impl Fixture {
         Self::bench().policy()
     }
 
+    /// 10/8 internal, the metadata endpoint and 10.99/16 blocked, 10.99.7/24 internal; in
+    /// IPv6 the same: fd00::/8 internal, AWS's metadata endpoint and fd00:99::/32 blocked,
+    /// fd00:99:7::/48 internal.
     fn policy(self) -> Self {
         let mut f = self;
-        f.prefix(0, (Ipv4Addr::new(10, 0, 0, 0), 8), abi::CLASS_INTERNAL);
-        f.prefix(
-            0,
-            (Ipv4Addr::new(169, 254, 169, 254), 32),
-            abi::CLASS_BLOCKED,
-        );
-        f.prefix(0, (Ipv4Addr::new(10, 99, 0, 0), 16), abi::CLASS_BLOCKED);
-        f.prefix(0, (Ipv4Addr::new(10, 99, 7, 0), 24), abi::CLASS_INTERNAL);
-        f.with_policy6()
-    }
-}
-
-// ---- packet builders ------------------------------------------------------------------
-
-pub const ETH_HLEN: usize = 14;
-
-pub fn eth(ethertype: u16) -> Vec<u8> {
-    let mut p = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
-    p.extend_from_slice(&ethertype.to_be_bytes());
-    p
-}
-
-pub fn csum(data: &[u8]) -> u16 {
-    let mut sum: u32 = data
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-pub struct Ip {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
-    /// DSCP and ECN.
-    pub tos: u8,
-    pub proto: u8,
-    pub options: Vec<u8>,
-    /// (more fragments, offset in 8-byte units)
-    pub frag: (bool, u16),
-    pub payload: Vec<u8>,
-}
-
-impl Ip {
-    pub fn new(src: Ipv4Addr, dst: Ipv4Addr) -> Self {
-        // ICMP echo request with 100 bytes of data, as `ping -s 100` sends.
-        let mut icmp = vec![8, 0, 0, 0, 0x12, 0x34, 0, 1];
-        icmp.extend(std::iter::repeat_n(0xab, 100));
-        let c = csum(&icmp);
-        icmp[2..4].copy_from_slice(&c.to_be_bytes());
-        Self {
-            src,
-            dst,
-            tos: 0,
-            proto: 1,
-            options: Vec::new(),
-            frag: (false, 0),
-            payload: icmp,
+        for (v4, v6, class) in [
+            (("10.0.0.0", 8), ("fd00::", 8), abi::CLASS_INTERNAL),
+            (
+                ("169.254.169.254", 32),
+                ("fd00:ec2::254", 128),
+                abi::CLASS_BLOCKED,
+            ),
+            (("10.99.0.0", 16), ("fd00:99::", 32), abi::CLASS_BLOCKED),
+            (("10.99.7.0", 24), ("fd00:99:7::", 48), abi::CLASS_INTERNAL),
+        ] {
+            f.prefix(0, (ip(v4.0), v4.1), class);
+            f.prefix(0, (ip6(v6.0), v6.1), class);
         }
-    }
-
-    pub fn build(&self) -> Vec<u8> {
-        assert_eq!(self.options.len() % 4, 0);
-        let ihl = 5 + self.options.len() / 4;
-        let total = ihl * 4 + self.payload.len();
-        let frag = (u16::from(self.frag.0) << 13) | self.frag.1;
-        let mut h = vec![(4 << 4) | ihl as u8, self.tos];
-        h.extend_from_slice(&(total as u16).to_be_bytes());
-        h.extend_from_slice(&[0x4a, 0x11]);
-        h.extend_from_slice(&frag.to_be_bytes());
-        h.extend_from_slice(&[64, self.proto, 0, 0]);
-        h.extend_from_slice(&self.src.octets());
-        h.extend_from_slice(&self.dst.octets());
-        h.extend_from_slice(&self.options);
-        let c = csum(&h);
-        h[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut p = eth(0x0800);
-        p.extend(h);
-        p.extend_from_slice(&self.payload);
-        p
+        f
     }
 }
 
-pub fn arp_request() -> Vec<u8> {
-    let mut p = eth(0x0806);
-    p.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-    p.extend_from_slice(&[0x02, 0, 0, 0, 0, 1]);
-    p.extend_from_slice(&POD_IP.octets());
-    p.extend_from_slice(&[0; 6]);
-    p.extend_from_slice(&[169, 254, 1, 1]);
-    p
-}
+/// Tests `NAME::ipv4` and `NAME::ipv6` for each `fn NAME(fam: Family)` named, so that a
+/// failure names its family (as ipamd's allocator tests do).
+#[allow(unused_macros)]
+macro_rules! per_family {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn ipv4() {
+                super::$name(super::Family::Ipv4)
+            }
 
-/// A TCP segment with a 32-byte header (timestamps) and `len` bytes of payload.
-pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, len: usize) -> Ip {
-    let mut seg = vec![0u8; 32 + len];
-    seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
-    seg[2..4].copy_from_slice(&443u16.to_be_bytes());
-    seg[12] = 8 << 4; // data offset: 8 words
-    seg[13] = 0x10; // ACK
-    seg[20..22].copy_from_slice(&[1, 1]); // NOP NOP
-    seg[22..24].copy_from_slice(&[8, 10]); // timestamp option header
-    Ip {
-        proto: 6,
-        payload: seg,
-        ..Ip::new(src, dst)
-    }
+            #[test]
+            fn ipv6() {
+                super::$name(super::Family::Ipv6)
+            }
+        }
+    )*};
 }
+#[allow(unused_imports)]
+pub(crate) use per_family;
 
-pub fn ip(s: &str) -> Ipv4Addr {
-    s.parse().expect("address")
+/// CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns()`, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write to.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 pub fn c(packets: u64, bytes: usize) -> abi::Counter {
