@@ -165,3 +165,22 @@ impl Node {
         }
     }
 }
+
+/// One `#[test]` per family (or stack) for a test body written once: each named test needs
+/// root and calls `body` with its argument, so a failure names the family.
+///
+/// ```ignore
+/// per_family!(verbs: cni_verbs_in_an_ipv4_config => Stack::Ipv4, cni_verbs_in_a_dual_stack_config => Stack::Dual);
+/// ```
+#[macro_export]
+macro_rules! per_family {
+    ($body:ident: $($name:ident => $arg:expr),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::require_root();
+                $body($arg);
+            }
+        )+
+    };
+}

@@ -11,7 +11,7 @@ use aliasnet_tests::{
     fabric::{Fabric, FabricOpts, Node, Pod, Stack},
     family::Family,
     netns::Netns,
-    require_root,
+    per_family, require_root,
 };
 use serde_json::{json, Value};
 
@@ -115,17 +115,10 @@ fn every_del_variant_releases_every_family(stack: Stack) {
     n.assert_clean();
 }
 
-#[test]
-fn every_del_variant_releases_ipv4() {
-    require_root();
-    every_del_variant_releases_every_family(Stack::Ipv4);
-}
-
-#[test]
-fn every_del_variant_releases_both_families() {
-    require_root();
-    every_del_variant_releases_every_family(Stack::Dual);
-}
+per_family!(every_del_variant_releases_every_family:
+    every_del_variant_releases_ipv4 => Stack::Ipv4,
+    every_del_variant_releases_both_families => Stack::Dual,
+);
 
 /// CHECK of a pod whose family-`fam` wiring was broken by hand names what is missing: the
 /// host route, the pod's default route, the gateway's neighbour entry, the reservation.
@@ -184,17 +177,10 @@ fn check_names_what_is_broken(fam: Family) {
     assert!(!out.ok(), "CHECK after DEL must fail");
 }
 
-#[test]
-fn check_names_what_is_broken_ipv4() {
-    require_root();
-    check_names_what_is_broken(Family::V4);
-}
-
-#[test]
-fn check_names_what_is_broken_ipv6() {
-    require_root();
-    check_names_what_is_broken(Family::V6);
-}
+per_family!(check_names_what_is_broken:
+    check_names_what_is_broken_ipv4 => Family::V4,
+    check_names_what_is_broken_ipv6 => Family::V6,
+);
 
 /// With the daemon down, ADD fails cleanly (try again later) and DEL tears the host side down
 /// at once and spools the release of every family's lease, which the daemon applies when it
@@ -253,17 +239,10 @@ fn daemon_down_add_fails_cleanly_and_del_is_spooled(stack: Stack) {
     assert!(out.ok(), "STATUS with the daemon up: {}", out.stdout);
 }
 
-#[test]
-fn daemon_down_add_fails_cleanly_and_del_is_spooled_ipv4() {
-    require_root();
-    daemon_down_add_fails_cleanly_and_del_is_spooled(Stack::Ipv4);
-}
-
-#[test]
-fn daemon_down_del_is_spooled_for_both_families() {
-    require_root();
-    daemon_down_add_fails_cleanly_and_del_is_spooled(Stack::Dual);
-}
+per_family!(daemon_down_add_fails_cleanly_and_del_is_spooled:
+    daemon_down_add_fails_cleanly_and_del_is_spooled_ipv4 => Stack::Ipv4,
+    daemon_down_del_is_spooled_for_both_families => Stack::Dual,
+);
 
 /// The addresses of `ips` and their `version` keys.
 fn ips_of(result: &Value) -> Vec<(IpAddr, Option<String>)> {
@@ -373,23 +352,11 @@ fn verbs(stack: Stack) {
     n.assert_clean();
 }
 
-#[test]
-fn cni_verbs_in_an_ipv4_config() {
-    require_root();
-    verbs(Stack::Ipv4);
-}
-
-#[test]
-fn cni_verbs_in_an_ipv6_only_config() {
-    require_root();
-    verbs(Stack::Ipv6);
-}
-
-#[test]
-fn cni_verbs_in_a_dual_stack_config() {
-    require_root();
-    verbs(Stack::Dual);
-}
+per_family!(verbs:
+    cni_verbs_in_an_ipv4_config => Stack::Ipv4,
+    cni_verbs_in_an_ipv6_only_config => Stack::Ipv6,
+    cni_verbs_in_a_dual_stack_config => Stack::Dual,
+);
 
 /// On a dual-stack node whose pool of family `fam` holds one address: STATUS reports it
 /// (only for the families asked), a second dual-stack ADD fails naming the family or pool
@@ -472,17 +439,10 @@ fn exhausted_pool_fails_add_and_leaves_nothing(fam: Family) {
     n.assert_clean();
 }
 
-#[test]
-fn exhausted_ipv4_pool_fails_add_and_leaves_nothing() {
-    require_root();
-    exhausted_pool_fails_add_and_leaves_nothing(Family::V4);
-}
-
-#[test]
-fn exhausted_ipv6_pool_fails_add_and_leaves_nothing() {
-    require_root();
-    exhausted_pool_fails_add_and_leaves_nothing(Family::V6);
-}
+per_family!(exhausted_pool_fails_add_and_leaves_nothing:
+    exhausted_ipv4_pool_fails_add_and_leaves_nothing => Family::V4,
+    exhausted_ipv6_pool_fails_add_and_leaves_nothing => Family::V6,
+);
 
 #[test]
 fn parallel_adds_get_distinct_addresses() {

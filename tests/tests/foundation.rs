@@ -12,7 +12,7 @@ use aliasnet_tests::{
     fabric::{Fabric, FabricOpts, Node, Pod, Stack, INTERNET_IP, INTERNET_IP6, INTERNET_IP6_2},
     family::Family,
     netns::Netns,
-    require_root, test_mtu,
+    per_family, require_root, test_mtu,
     traffic::capture,
 };
 use serde_json::{json, Value};
@@ -315,17 +315,10 @@ fn pods_reach_each_other_and_the_internet_without_encapsulation(stack: Stack) {
     n2.assert_clean();
 }
 
-#[test]
-fn ipv4_pods_reach_each_other_and_the_internet_without_encapsulation() {
-    require_root();
-    pods_reach_each_other_and_the_internet_without_encapsulation(Stack::Ipv4);
-}
-
-#[test]
-fn dual_stack_pods_reach_each_other_and_the_internet_without_encapsulation() {
-    require_root();
-    pods_reach_each_other_and_the_internet_without_encapsulation(Stack::Dual);
-}
+per_family!(pods_reach_each_other_and_the_internet_without_encapsulation:
+    ipv4_pods_reach_each_other_and_the_internet_without_encapsulation => Stack::Ipv4,
+    dual_stack_pods_reach_each_other_and_the_internet_without_encapsulation => Stack::Dual,
+);
 
 #[test]
 fn add_wires_pod_and_host_exactly() {
