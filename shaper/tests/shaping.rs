@@ -1,5 +1,6 @@
 //! Shaping in network namespaces with iperf3: a pod's internet traffic is limited while its
-//! internal traffic is not; ingress and total egress limits; the node-wide internet cap.
+//! internal traffic is not, and ingress and total egress limits, in each address family;
+//! the node-wide internet cap.
 //! Root only. Rates are checked within a band (HTB shapes L2 bytes, iperf3 reports TCP
 //! goodput, and the machine is shared), not for benchmark-grade accuracy.
 
@@ -8,7 +9,7 @@ mod fabric;
 use std::{net::IpAddr, time::Duration};
 
 use aliasnet_ebpf::{
-    abi::{self, Direction},
+    abi::{self, Class, Direction},
     AttachedPod, Limits,
 };
 use fabric::*;
@@ -33,47 +34,54 @@ fn assert_unshaped(what: &str, got_mbit: f64, limit_mbit: f64) {
 }
 
 fn installed(policy: &str) -> Fabric {
-    let f = Fabric::new();
-    let path = f.write_policy(policy);
-    let out = f.shaperd_once(&path);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    f
+    Fabric::installed(Family::V4, policy)
 }
 
-#[test]
-fn internet_is_limited_while_internal_is_not() {
-    require_root();
+/// What the pod's counters of `class` in `dir` hold now.
+fn counted(dp: &aliasnet_ebpf::Datapath, dir: Direction, class: Class) -> u64 {
+    dp.pod(CONTAINER_ID, "eth0")
+        .expect("read record")
+        .expect("pod recorded")
+        .counters
+        .get(dir, class)
+        .bytes
+}
+
+/// The pod's internet egress limit from node policy, in `fam`: its uploads to the internet
+/// are held to it, its internal uploads and its downloads are not.
+fn internet_is_limited_while_internal_is_not(fam: Family) {
     // The limit comes from node policy; nothing is set on the pod.
-    let f = installed(
+    let f = Fabric::installed(
+        fam,
         r#"
-        internal_cidrs = ["10.0.0.0/8"]
+        internal_cidrs = ["10.0.0.0/8", "fd00::/8"]
         pod_internet_egress_rate = "20M"
         "#,
     );
     let mut dp = f.open();
-    let att = f.attachment(Limits::default());
-    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let a = f.attach_in(fam, &mut dp, Limits::default());
     assert_eq!(a.internet_egress.map(|s| s.rate), Some(20_000_000));
     assert_eq!(a.egress, None, "no total egress limit");
 
+    let before = counted(&dp, Direction::Egress, Class::Internet);
     assert_near(
-        "pod -> internet",
-        f.iperf("inet", INTERNET, SECS, false),
+        &format!("pod -> internet over {fam}"),
+        f.iperf("inet", fam.internet_ip(), SECS, false),
         20.0,
     );
+    // Counted as the pod's internet traffic: half of what 3 s at 20 Mbit/s carry.
+    let sent = counted(&dp, Direction::Egress, Class::Internet) - before;
+    assert!(sent > 3_000_000, "{sent} bytes counted as internet egress");
+    // fd00::/8 and 10/8 are internal: the internet limit does not apply.
     assert_unshaped(
-        "pod -> internal",
-        f.iperf("peer", INTERNAL, SECS, false),
+        &format!("pod -> internal over {fam}"),
+        f.iperf("peer", fam.internal(), SECS, false),
         20.0,
     );
     // Downloads are not limited by an egress limit.
     assert_unshaped(
-        "internet -> pod",
-        f.iperf("inet", INTERNET, SECS, true),
+        &format!("internet -> pod over {fam}"),
+        f.iperf("inet", fam.internet_ip(), SECS, true),
         20.0,
     );
 
@@ -89,48 +97,68 @@ fn internet_is_limited_while_internal_is_not() {
     assert_eq!(stats.leaves.len(), 1, "the internet limit only: {stats:?}");
 }
 
-#[test]
-fn ingress_and_total_egress_limits() {
-    require_root();
-    let f = installed(r#"internal_cidrs = ["10.0.0.0/8"]"#);
+per_family!(internet_is_limited_while_internal_is_not:
+    internet_is_limited_while_internal_is_not_ipv4 => Family::V4,
+    internet_is_limited_while_internal_is_not_ipv6 => Family::V6,
+);
+
+/// A pod's ingress, total egress and internet egress limits from its attachment, in `fam`.
+fn ingress_and_total_egress_limits(fam: Family) {
+    let f = Fabric::installed(fam, r#"internal_cidrs = ["10.0.0.0/8", "fd00::/8"]"#);
     let mut dp = f.open();
-    let att = f.attachment(Limits {
-        ingress_rate: Some(30_000_000),
-        // containerd's "unset" burst must not let traffic through unshaped.
-        ingress_burst: Some(u64::from(u32::MAX)),
-        egress_rate: Some(50_000_000),
-        egress_burst: Some(u64::from(u32::MAX)),
-        internet_egress_rate: Some(10_000_000),
-        ..Limits::default()
-    });
-    let a = f.in_node(|| dp.attach_pod(&att)).expect("attach");
+    let a = f.attach_in(
+        fam,
+        &mut dp,
+        Limits {
+            ingress_rate: Some(30_000_000),
+            // containerd's "unset" burst must not let traffic through unshaped.
+            ingress_burst: Some(u64::from(u32::MAX)),
+            egress_rate: Some(50_000_000),
+            egress_burst: Some(u64::from(u32::MAX)),
+            internet_egress_rate: Some(10_000_000),
+            ..Limits::default()
+        },
+    );
     assert_eq!(
         a.ingress.map(|s| s.burst_bytes),
         Some(37_500),
         "10 ms of 30 Mbit/s"
     );
 
+    let before = counted(&dp, Direction::Ingress, Class::Internet);
+    let download = f.iperf("inet", fam.internet_ip(), SECS, true);
     assert_near(
-        "internet -> pod (ingress limit)",
-        f.iperf("inet", INTERNET, SECS, true),
+        &format!("internet -> pod over {fam} (ingress limit)"),
+        download,
+        30.0,
+    );
+    // Counted as internet traffic to the pod: at least what iperf3 moved.
+    let got = counted(&dp, Direction::Ingress, Class::Internet) - before;
+    assert!(
+        got as f64 * 8.0 >= download * 1e6 * f64::from(SECS) * 0.95,
+        "{got} bytes counted for {download:.2} Mbit/s over {SECS} s"
+    );
+    assert_near(
+        &format!("internal -> pod over {fam} (ingress limit)"),
+        f.iperf("peer", fam.internal(), SECS, true),
         30.0,
     );
     assert_near(
-        "internal -> pod (ingress limit)",
-        f.iperf("peer", INTERNAL, SECS, true),
-        30.0,
-    );
-    assert_near(
-        "pod -> internet (internet limit)",
-        f.iperf("inet", INTERNET, SECS, false),
+        &format!("pod -> internet over {fam} (internet limit)"),
+        f.iperf("inet", fam.internet_ip(), SECS, false),
         10.0,
     );
     assert_near(
-        "pod -> internal (total egress limit)",
-        f.iperf("peer", INTERNAL, SECS, false),
+        &format!("pod -> internal over {fam} (total egress limit)"),
+        f.iperf("peer", fam.internal(), SECS, false),
         50.0,
     );
 }
+
+per_family!(ingress_and_total_egress_limits:
+    ingress_and_total_egress_limits_ipv4 => Family::V4,
+    ingress_and_total_egress_limits_ipv6 => Family::V6,
+);
 
 #[test]
 fn node_cap_limits_all_pods_internet_egress() {

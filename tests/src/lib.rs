@@ -8,6 +8,7 @@
 //!   real plugin).
 //! - [`single`]: one node with hand-wired pods, an internet host and an internal peer, and a
 //!   private bpffs ([`bpffs`]): the datapath tests and the shaping benchmarks.
+//! - [`family`]: what differs between IPv4 and IPv6, for tests written once for both.
 //! - [`datapath`]: a node's pinned datapath as the tests read it (records, attachments).
 //! - [`mountns`]: a private mount namespace for tiny tmpfs and bpffs mounts.
 //! - [`ipamd`], [`shaperd`]: the daemons as child processes; [`cni`]: plugin invocations;
@@ -43,6 +44,7 @@ pub mod ctl;
 pub mod datapath;
 pub mod etcd;
 pub mod fabric;
+pub mod family;
 pub mod ipamd;
 pub mod metrics;
 pub mod mountns;

@@ -296,27 +296,25 @@ impl SingleNode {
             "scope",
             "link",
         ])?;
-        p(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-        ])?;
+        self.wire_gateway(&role, "169.254.1.1", &mac)
+    }
+
+    /// The default route of pod `role` through gateway `gw` (an address of either family),
+    /// whose permanent neighbour entry is the host veth's `mac`, as the plugin sets them.
+    pub fn wire_gateway(&self, role: &str, gw: &str, mac: &str) -> Result<()> {
+        let p = |args: &[&str]| self.netns(role).ip(args).map(drop);
+        p(&["route", "add", "default", "via", gw, "dev", "eth0"])?;
         p(&[
             "neigh",
             "add",
-            "169.254.1.1",
+            gw,
             "lladdr",
-            &mac,
+            mac,
             "dev",
             "eth0",
             "nud",
             "permanent",
-        ])?;
-        Ok(())
+        ])
     }
 
     pub fn try_mac(&self, role: &str, dev: &str) -> Result<String> {

@@ -1,8 +1,9 @@
-//! The plugin binary wiring IPv6 for real: ADD, CHECK and DEL of a dual-stack and an
-//! IPv6-only pod between two network namespaces this test creates ("node" and "pod"), with the
-//! kernel's view read back through `ip`. The addresses come from a small in-process IPAM
-//! server speaking the daemon's wire protocol, so what is tested is the plugin's side alone
-//! (the fabric tests run the same with aliasnet-ipamd). Needs root; `datapath: off`.
+//! The plugin binary wiring each address family for real: ADD, CHECK and DEL of a dual-stack
+//! pod and of a pod of one family (IPv4 or IPv6) between two network namespaces this test
+//! creates ("node" and "pod"), with the kernel's view read back through `ip`. The addresses
+//! come from a small in-process IPAM server speaking the daemon's wire protocol, so what is
+//! tested is the plugin's side alone (the fabric tests run the same with aliasnet-ipamd).
+//! Needs root; `datapath: off`.
 
 use std::{
     collections::BTreeMap,
@@ -122,7 +123,7 @@ struct Ns(String);
 
 impl Ns {
     fn new(role: &str) -> Self {
-        let name = format!("p6-{role}-{}", std::process::id());
+        let name = format!("wire-{role}-{}", std::process::id());
         run("ip", &["netns", "add", &name]);
         let ns = Ns(name);
         ns.ip(&["link", "set", "lo", "up"]);
@@ -399,13 +400,51 @@ fn dual_stack_pod_add_check_del() {
     assert!(!s.pod.ip(&["link", "show"]).contains("eth0"));
 }
 
-#[test]
-fn ipv6_only_pod_with_pod_routes() {
+/// What differs between the families for a pod of one family.
+struct OneFamily {
+    family: &'static str,
+    ip_flag: &'static str,
+    other_flag: &'static str,
+    host_len: &'static str,
+    /// The pod routes asked for; each covers one of the node's own addresses below.
+    routes: [&'static str; 2],
+    gateway: &'static str,
+    /// The node's own address the pod pings through its routes.
+    node_addr: &'static str,
+    /// How the in-process IPAM's addresses of this family begin.
+    pool: &'static str,
+}
+
+const V4: OneFamily = OneFamily {
+    family: "ipv4",
+    ip_flag: "-4",
+    other_flag: "-6",
+    host_len: "/32",
+    routes: ["192.0.2.0/24", "10.0.0.0/8"],
+    gateway: "169.254.1.1",
+    node_addr: "192.0.2.1",
+    pool: "10.77.0.",
+};
+
+const V6: OneFamily = OneFamily {
+    family: "ipv6",
+    ip_flag: "-6",
+    other_flag: "-4",
+    host_len: "/128",
+    routes: ["2001:db8::/32", "fd00::/8"],
+    gateway: "fe80::1",
+    node_addr: "2001:db8:ff::1",
+    pool: "fd00:77::",
+};
+
+/// A pod of family `fam` alone (`ipFamilies`) with `podRoutes` and no default route, on a
+/// node whose MTU comes from that family's default route.
+fn single_family_pod_with_pod_routes(fam: &OneFamily) {
     let s = setup(
-        "v6",
-        json!({"cniVersion": "0.4.0", "ipFamilies": ["ipv6"], "podRoutes": ["2001:db8::/32", "fd00::/8"]}),
+        &fam.family[2..],
+        json!({"cniVersion": "0.4.0", "ipFamilies": [fam.family], "podRoutes": fam.routes}),
     );
-    // An IPv6-only node: the MTU comes from the IPv6 default route's device.
+    // The MTU comes from the family's default route's device.
     s.node.ip(&[
         "link", "add", "up0", "mtu", "1400", "type", "veth", "peer", "name", "up1",
     ]);
@@ -413,7 +452,14 @@ fn ipv6_only_pod_with_pod_routes() {
         s.node.ip(&["link", "set", l, "up"]);
     }
     s.node.ip(&[
-        "-6", "route", "add", "default", "dev", "up0", "metric", "100",
+        fam.ip_flag,
+        "route",
+        "add",
+        "default",
+        "dev",
+        "up0",
+        "metric",
+        "100",
     ]);
     let mut s = s;
     s.base.as_object_mut().unwrap().remove("mtu");
@@ -421,54 +467,83 @@ fn ipv6_only_pod_with_pod_routes() {
     assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
     assert!(
         s.pod.ip(&["link", "show", "eth0"]).contains("mtu 1400"),
-        "MTU from the IPv6 default route"
+        "MTU from the {} default route",
+        fam.family
     );
-    assert_eq!(r["ips"][0]["version"], "6");
-    let v6 = r["ips"][0]["address"]
+    assert_eq!(r["ips"][0]["version"], &fam.ip_flag[1..]);
+    let addr = r["ips"][0]["address"]
         .as_str()
         .unwrap()
-        .trim_end_matches("/128");
+        .trim_end_matches(fam.host_len);
+    assert!(addr.starts_with(fam.pool), "{r}");
     assert_eq!(
         r["routes"],
-        json!([{"dst": "2001:db8::/32", "gw": "fe80::1"}, {"dst": "fd00::/8", "gw": "fe80::1"}])
+        json!([{"dst": fam.routes[0], "gw": fam.gateway}, {"dst": fam.routes[1], "gw": fam.gateway}])
     );
-    assert!(!addr_line(&s.pod, v6).contains("tentative"));
+    if fam.ip_flag == "-6" {
+        assert!(!addr_line(&s.pod, addr).contains("tentative"));
+    }
+    // Nothing of the other family: no global address, no route but the kernel's link-local
+    // and multicast ones.
+    let mut show = vec![fam.other_flag, "addr", "show", "dev", "eth0"];
+    if fam.other_flag == "-6" {
+        show.extend(["scope", "global"]);
+    }
+    assert_eq!(s.pod.ip(&show).trim(), "", "a pod of one family only");
+    let other_routes = s.pod.ip(&[fam.other_flag, "route", "show"]);
     assert!(
-        !s.pod
-            .ip(&["-4", "addr", "show", "dev", "eth0"])
-            .contains("inet "),
-        "an IPv6-only pod has no IPv4 address"
+        other_routes
+            .lines()
+            .all(|l| l.starts_with("fe80::") || l.starts_with("multicast")),
+        "{other_routes}"
     );
-    assert_eq!(s.pod.ip(&["-4", "route", "show"]).trim(), "");
-    let routes = s.pod.ip(&["-6", "route", "show"]);
-    for want in [
-        "2001:db8::/32 via fe80::1 dev eth0",
-        "fd00::/8 via fe80::1 dev eth0",
-    ] {
-        assert!(routes.contains(want), "{want}: {routes}");
+    let routes = s.pod.ip(&[fam.ip_flag, "route", "show"]);
+    for dst in fam.routes {
+        let want = format!("{dst} via {} dev eth0", fam.gateway);
+        assert!(routes.contains(&want), "{want}: {routes}");
     }
     assert!(!routes.contains("default"), "{routes}");
-    assert!(s.node.exec_ok(&["ping", "-6", "-c1", "-W2", v6]));
+    assert!(s.node.exec_ok(&["ping", fam.ip_flag, "-c1", "-W2", addr]));
     assert!(s
         .pod
-        .exec_ok(&["ping", "-6", "-c1", "-W2", "2001:db8:ff::1"]));
+        .exec_ok(&["ping", fam.ip_flag, "-c1", "-W2", fam.node_addr]));
     let check = s.cni("CHECK", &s.with_prev(&r));
     assert!(check.ok, "CHECK: {:?}", check.doc);
     let del = s.cni("DEL", &s.with_prev(&r));
     assert!(del.ok, "DEL: {:?}", del.doc);
     assert!(s.ipam.held().is_empty());
-    assert!(!s.node.ip(&["-6", "route", "show"]).contains("fd00:77"));
+    assert!(!s
+        .node
+        .ip(&[fam.ip_flag, "route", "show"])
+        .contains(fam.pool));
 }
 
 #[test]
-fn bad_ipv6_config_values_are_code_7() {
+fn ipv4_only_pod_with_pod_routes() {
+    single_family_pod_with_pod_routes(&V4);
+}
+
+#[test]
+fn ipv6_only_pod_with_pod_routes() {
+    single_family_pod_with_pod_routes(&V6);
+}
+
+#[test]
+fn bad_family_config_values_are_code_7() {
     let s = setup("bad", json!({}));
     for (k, v, field) in [
         ("ipFamilies", json!(["ipv6", "ipv5"]), "ipFamilies[1]"),
         ("ipFamilies", json!([]), "ipFamilies"),
         ("ipFamilies", json!(["ipv6", "ipv6"]), "ipFamilies[1]"),
+        ("ipFamilies", json!(["ipv4", "ipv4"]), "ipFamilies[1]"),
         ("podRoutes", json!(["fd00::1/64"]), "podRoutes[0]"),
         ("podRoutes", json!(["::/0", "fd00::/129"]), "podRoutes[1]"),
+        ("podRoutes", json!(["10.0.0.1/8"]), "podRoutes[0]"),
+        (
+            "podRoutes",
+            json!(["0.0.0.0/0", "10.0.0.0/33"]),
+            "podRoutes[1]",
+        ),
     ] {
         let mut c = s.base.clone();
         c[k] = v.clone();
