@@ -197,14 +197,8 @@ fn an_aborted_dual_stack_allocation_puts_both_addresses_back() {
     let mut st = State::new(&config_of("cooldown=\"0s\"", DUAL));
     let k = key("a");
     let pod = PodRef::default();
-    let req = AllocRequest {
-        key: &k,
-        pod: &pod,
-        pool: None,
-        host_veth: None,
-        families: None,
-    };
-    let AllocStep::Fresh { records, .. } = st.begin_allocate(req, 0).unwrap() else {
+    let AllocStep::Fresh { records, .. } = st.begin_allocate(request(&k, &pod, None), 0).unwrap()
+    else {
         panic!()
     };
     assert_eq!(st.check(&k).unwrap(), vec![]);
@@ -223,18 +217,8 @@ fn a_64_is_never_enumerated() {
     let pod = PodRef::default();
     for i in 0..n {
         let k = AttachmentKey::new("net", &format!("c{i}"), "eth0");
-        let AllocStep::Fresh { records, .. } = st
-            .begin_allocate(
-                AllocRequest {
-                    key: &k,
-                    pod: &pod,
-                    pool: None,
-                    host_veth: None,
-                    families: None,
-                },
-                0,
-            )
-            .unwrap()
+        let AllocStep::Fresh { records, .. } =
+            st.begin_allocate(request(&k, &pod, None), 0).unwrap()
         else {
             panic!()
         };
@@ -295,14 +279,9 @@ fn old_state_loads_and_dual_stack_leases_survive_restart_and_compaction() {
     let mut recs = Vec::new();
     for c in ["a", "b"] {
         let k = key(c);
-        let req = AllocRequest {
-            key: &k,
-            pod: &pod,
-            pool: None,
-            host_veth: None,
-            families: None,
-        };
-        let AllocStep::Fresh { records, .. } = st.begin_allocate(req, 20).unwrap() else {
+        let AllocStep::Fresh { records, .. } =
+            st.begin_allocate(request(&k, &pod, None), 20).unwrap()
+        else {
             panic!()
         };
         for r in &records {
