@@ -243,6 +243,16 @@ static __always_inline int stage_shape(struct __sk_buff *skb, const struct an_co
 			t = t_empty_of(q1);
 		if (t_empty_of(q2) > t)
 			t = t_empty_of(q2);
+		/*
+		 * An aggregate's pods have bulk leaves of their own, which HTB serves round by
+		 * round, not in arrival order: the packet leaves once its pod's part of the backlog
+		 * ahead of it has, at no less than the rate over the pods with a backlog, so at most
+		 * that many times later than the arrival-order model says. With the model's time
+		 * the sparse leaf overtook the flow's queued packets: 4 pods sharing 10 Mbit/s
+		 * retransmitted 1-3 % of their segments for nothing in one run of five.
+		 */
+		if (st->flows >= AN_FLOWS_AGG(0, 0) && t > now)
+			t = now + (t - now) * bulk_flows(q0, now);
 		flow_bulk(f, t);
 	}
 	return sparse;

@@ -25,6 +25,7 @@ per_family!(
     pod_egress_marks_against_its_internet_and_total_limits,
     uplink_marks_above_the_node_cap,
     a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow,
+    an_aggregates_flow_is_bulk_until_its_round_robin_share_drained,
     every_shaping_point_picks_a_leaf_of_its_class,
 );
 
@@ -440,6 +441,55 @@ fn a_shaped_class_serves_sparse_flows_first_and_never_reorders_a_flow(fam: Famil
     f.update_meta(|m| set_rate(m, abi::Direction::Ingress, abi::KIND_TOTAL, SLOW));
     f.update_config(|c| c.flags |= abi::CFG_FLOWS_OFF);
     assert_eq!(leaf(&f, &ping), INGRESS_SPARSE);
+}
+
+/// An aggregate's pods have bulk leaves of their own that HTB serves round by round: a
+/// flow's last bulk packet leaves up to (flows with a backlog) times later than in arrival
+/// order, and its flow stays out of the sparse leaf until then.
+fn an_aggregates_flow_is_bulk_until_its_round_robin_share_drained(fam: Family) {
+    let mut f = Fixture::with_policy();
+    f.set_node_limit(abi::Direction::Egress, abi::KIND_INTERNET, Some(SLOW));
+    let vq = abi::vq_agg(abi::NODE_ENTITY, abi::DIR_EGRESS, abi::KIND_INTERNET);
+    let table = abi::flows_agg(abi::NODE_ENTITY, abi::DIR_EGRESS);
+    let upload = |i: u16| frame(fam.pod(), internet_host(fam, i), NOT_ECT);
+    let bucket_of =
+        |i: u16| abi::flow_bucket(fam.pod(), internet_host(fam, i), 6, Some((40000, 443)));
+    let flow = |f: &mut Fixture, i: u16| flows_of(f, table)[bucket_of(i) as usize].1;
+    // Hosts whose uploads land in four different buckets.
+    let mut hosts: Vec<u16> = Vec::new();
+    for i in 0x11..0x200 {
+        if hosts.len() < 4 && hosts.iter().all(|h| bucket_of(*h) != bucket_of(i)) {
+            hosts.push(i);
+        }
+    }
+    let run = |f: &Fixture, pkt: &[u8]| prio_of(&f.run(programs::UPLINK, pkt, None).1);
+    let bulk = abi::classid(abi::node_group(abi::KIND_INTERNET) + abi::GROUP_SHARED);
+
+    // One flow with a backlog: its last packet leaves when the model says.
+    let got: Vec<u32> = (0..4).map(|_| run(&f, &upload(hosts[0]))).collect();
+    assert_eq!(got[3], bulk, "{got:x?}");
+    assert_eq!(flow(&mut f, hosts[0]).t_bulk, f.vqueue(vq).t_empty);
+
+    // Three more flows get a backlog; the first flow's next packet leaves up to four times
+    // later than the model's time for it.
+    for &h in &hosts[1..] {
+        let got: Vec<u32> = (0..4).map(|_| run(&f, &upload(h))).collect();
+        assert_eq!(got[3], bulk, "{got:x?}");
+    }
+    let start = monotonic_ns();
+    assert_eq!(run(&f, &upload(hosts[0])), bulk);
+    let end = monotonic_ns();
+    let t = f.vqueue(vq).t_empty;
+    let t_bulk = flow(&mut f, hosts[0]).t_bulk;
+    assert!(t > end, "the model has a backlog");
+    assert!(
+        (4 * t - 3 * end..=4 * t - 3 * start).contains(&t_bulk),
+        "t_bulk {t_bulk}, model {t}, run in {start}..={end}"
+    );
+
+    // Its budget refilled, it is still bulk: a sparse packet would overtake its queue.
+    set_flows(&mut f, table, |v| v.t_sparse = 0);
+    assert_eq!(run(&f, &upload(hosts[0])), bulk);
 }
 
 fn every_shaping_point_picks_a_leaf_of_its_class(fam: Family) {

@@ -24,7 +24,9 @@ use std::{
 };
 
 use aliasnet_ebpf::{Datapath, Limits};
-use aliasnet_tests::traffic::{idle_seconds, jain, received_bps, run_transfers, Transfer};
+use aliasnet_tests::traffic::{
+    drops, idle_seconds, jain, received_bps, run_transfers, tcp_counters, Transfer,
+};
 use fabric::*;
 
 const SECS: u32 = 10;
@@ -181,6 +183,12 @@ struct Cell {
     retransmits: u64,
     /// Packets the host veths' backstop dropped: the pods' own HTBs shape, so none.
     policed: u64,
+    /// Where packets were dropped (qdiscs and links of the node and the pods), for the
+    /// report of a failed cell.
+    drops: Vec<(String, u64)>,
+    /// What the senders' kernel says of its retransmits (`LOSS_COUNTERS`), for the report of
+    /// a failed cell.
+    losses: [u64; 4],
 }
 
 impl Cell {
@@ -205,6 +213,24 @@ impl Cell {
         }
         if self.policed > 0 {
             p.push(format!("{} packets policed on the host veth", self.policed));
+        }
+        if !p.is_empty() {
+            let d: Vec<String> = self
+                .drops
+                .iter()
+                .map(|(q, n)| format!("{q}: {n}"))
+                .collect();
+            let l: Vec<String> = LOSS_COUNTERS
+                .iter()
+                .zip(self.losses)
+                .map(|(c, n)| format!("{} {n}", c.trim_start_matches("TcpExt")))
+                .collect();
+            let d = if d.is_empty() {
+                "nowhere".into()
+            } else {
+                d.join(", ")
+            };
+            p.push(format!("(dropped: {d}; the senders: {})", l.join(", ")));
         }
         p
     }
@@ -278,6 +304,7 @@ fn measure(kind: Kind, rate: u64, links: Links, start: &Barrier) -> Cell {
         })
         .collect();
     let before = tcp_segments(&f, sender);
+    let losses_before = tcp_counters(&f.ns(sender), LOSS_COUNTERS).expect("nstat");
     let runs = run_transfers(&each, SECS, None, true).unwrap_or_else(|e| panic!("{e:#}"));
     let after = tcp_segments(&f, sender);
     let (out_segs, retransmits) = (after.0 - before.0, after.1 - before.1);
@@ -285,6 +312,17 @@ fn measure(kind: Kind, rate: u64, links: Links, start: &Barrier) -> Cell {
         .iter()
         .map(|s| dp.counters_of(*s).expect("counters").policed.packets)
         .sum();
+    let losses_after = tcp_counters(&f.ns(sender), LOSS_COUNTERS).expect("nstat");
+    let drops = ["node".to_owned()]
+        .into_iter()
+        .chain(roles.iter().cloned())
+        .flat_map(|r| {
+            let found = drops(&f.ns(&r)).expect("drops");
+            found
+                .into_iter()
+                .map(move |(w, n)| (format!("{r}: {w}"), n))
+        })
+        .collect();
     let bps: Vec<f64> = runs.iter().map(received_bps).collect();
     let limit = rate as f64;
     let (checks, jain) = match kind {
@@ -319,8 +357,19 @@ fn measure(kind: Kind, rate: u64, links: Links, start: &Barrier) -> Cell {
         retrans_pct: 100.0 * retransmits as f64 / out_segs.max(1) as f64,
         retransmits,
         policed,
+        drops,
+        losses: std::array::from_fn(|i| losses_after[i] - losses_before[i]),
     }
 }
+
+/// The sender's counters that tell a loss from a retransmit nothing was lost for: tail loss
+/// probes, timeouts, duplicates the receiver reported (DSACK) and reordering seen.
+const LOSS_COUNTERS: [&str; 4] = [
+    "TcpExtTCPLossProbes",
+    "TcpExtTCPTimeouts",
+    "TcpExtTCPDSACKRecv",
+    "TcpExtTCPSACKReorder",
+];
 
 /// TCP segments sent and retransmitted by the kernel of namespace `role` so far.
 fn tcp_segments(f: &Fabric, role: &str) -> (u64, u64) {

@@ -290,18 +290,52 @@ pub fn concurrent_downloads(
 
 /// TCP segments sent and retransmitted by namespace `ns` since it was made (`nstat`).
 pub fn tcp_segments(ns: &str) -> Result<(u64, u64)> {
-    let out = netns_exec(
-        ns,
-        &["nstat", "-az", "--json", "TcpOutSegs", "TcpRetransSegs"],
-    )
-    .output()
-    .context("nstat")?;
+    let [out, retrans] = tcp_counters(ns, ["TcpOutSegs", "TcpRetransSegs"])?;
+    Ok((out, retrans))
+}
+
+/// Where namespace `ns` dropped packets so far: its qdiscs (`dev kind handle`) and links
+/// (`dev rx`/`dev tx`) with a non-zero drop count, and the count.
+pub fn drops(ns: &str) -> Result<Vec<(String, u64)>> {
+    let json = |args: &[&str]| -> Result<serde_json::Value> {
+        let out = netns_exec(ns, args).output().context("tc/ip -s")?;
+        serde_json::from_slice(&out.stdout).context("tc/ip -j")
+    };
+    let mut found = Vec::new();
+    for q in json(&["tc", "-s", "-j", "qdisc", "show"])?
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let Some(d) = q["drops"].as_u64().filter(|d| *d > 0) {
+            let (dev, kind, handle) = (&q["dev"], &q["kind"], &q["handle"]);
+            let name = [dev, kind, handle]
+                .map(|v| v.as_str().unwrap_or("?"))
+                .join(" ");
+            found.push((name, d));
+        }
+    }
+    for l in json(&["ip", "-s", "-j", "link", "show"])?
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for dir in ["rx", "tx"] {
+            if let Some(d) = l["stats64"][dir]["dropped"].as_u64().filter(|d| *d > 0) {
+                found.push((format!("{} {dir}", l["ifname"].as_str().unwrap_or("?")), d));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The kernel's TCP counters `names` of namespace `ns` so far (`nstat`; 0 for one it lacks).
+pub fn tcp_counters<const N: usize>(ns: &str, names: [&str; N]) -> Result<[u64; N]> {
+    let mut args = vec!["nstat", "-az", "--json"];
+    args.extend(names);
+    let out = netns_exec(ns, &args).output().context("nstat")?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("nstat --json")?;
-    let k = &v["kernel"];
-    Ok((
-        k["TcpOutSegs"].as_u64().context("TcpOutSegs")?,
-        k["TcpRetransSegs"].as_u64().context("TcpRetransSegs")?,
-    ))
+    Ok(names.map(|n| v["kernel"][n].as_u64().unwrap_or(0)))
 }
 
 /// Seconds of an iperf3 `-J` report in which nothing was received.
